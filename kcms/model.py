@@ -1,0 +1,110 @@
+"""The shared vocabulary of KCMS: what a scrape yields, what the inventory knows, who is asking.
+
+Every folder may import from here; nothing here imports from the rest of the package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+
+@dataclass(slots=True)
+class ResourcePoint:
+    """One cumulative resource reading of a node or a container (metrics-server's MetricsPoint).
+
+    CPU is kept as an integer counter of core-nanoseconds so that deltas are exact.
+    """
+
+    start_time: float  # seconds since the epoch the container (or node) started; 0.0 if unknown
+    timestamp: float  # seconds since the epoch the reading was taken, by the kubelet's clock
+    cpu_ns: int  # cumulative CPU time used, core-nanoseconds
+    memory: int  # working set, bytes
+
+
+PodKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(slots=True)
+class NodeBatch:
+    """Everything one scrape of one kubelet yielded."""
+
+    node: str
+    node_point: ResourcePoint | None = None
+    # (namespace, pod) -> container name -> point
+    pods: dict[PodKey, dict[str, ResourcePoint]] = field(default_factory=dict)
+    # reason label -> number of samples (or pods) dropped for that reason
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+class DecodeError(ValueError):
+    """A kubelet response that cannot be used at all; the node is skipped for this cycle.
+
+    ``reason`` is a short, stable label (used as a Prometheus label value).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """The parts of a Node object that KCMS needs."""
+
+    name: str
+    labels: dict[str, str]
+    addresses: list[tuple[str, str]]  # status.addresses as (type, address), in order
+    kubelet_port: int  # status.daemonEndpoints.kubeletEndpoint.Port, 0 if absent
+    creation_timestamp: str  # metadata.creationTimestamp as given (RFC 3339)
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """The parts of a Pod object that KCMS needs."""
+
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    node_name: str  # spec.nodeName, "" if unscheduled
+    phase: str  # status.phase
+    creation_timestamp: str
+
+
+class Inventory(Protocol):
+    """Which nodes and pods exist: a list+watch cache of the Kubernetes API, or a static list."""
+
+    def has_synced(self) -> bool: ...
+
+    def nodes(self) -> Iterable[NodeInfo]: ...
+
+    def node(self, name: str) -> NodeInfo | None: ...
+
+    def pods(self, namespace: str | None = None) -> Iterable[PodInfo]: ...
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class UserInfo:
+    """An authenticated caller (Kubernetes user.Info)."""
+
+    name: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # sorted (key, values) pairs; hashable
+
+
+@dataclass(slots=True, frozen=True)
+class RequestAttributes:
+    """What a request asks to do, in the terms of a SubjectAccessReview."""
+
+    verb: str  # get, list, watch, create, ... (resource requests) or the HTTP verb in lower case
+    path: str
+    resource_request: bool
+    api_group: str = ""
+    api_version: str = ""
+    resource: str = ""
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
