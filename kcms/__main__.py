@@ -1,0 +1,5 @@
+import sys
+
+from kcms.cli import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""metrics.k8s.io/v1beta1 objects as JSON-ready dicts, in the exact shapes metrics-server serves."""
+
+from __future__ import annotations
+
+import time
+
+from kcms.model import NodeInfo, PodInfo
+from kcms.quantity import format_bytes, format_cpu_nanocores
+from kcms.store.resource import PodUsage, Usage
+
+GROUP = "metrics.k8s.io"
+VERSION = "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+_UNITS = (("h", 3600 * 10**9), ("m", 60 * 10**9))
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.Duration.String() prints it ("15s", "1.5s", "1m0.25s", "500ms")."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 10**9:  # below a second Go switches to the largest fitting sub-second unit
+        for unit, size in (("ms", 10**6), ("µs", 10**3), ("ns", 1)):
+            if ns >= size:
+                return sign + _fraction(ns, size) + unit
+    out = []
+    for unit, size in _UNITS:
+        if ns >= size or out:
+            out.append(f"{ns // size}{unit}")
+            ns %= size
+    out.append(_fraction(ns, 10**9) + "s")
+    return sign + "".join(out)
+
+
+def _fraction(value: int, unit: int) -> str:
+    whole, rest = divmod(value, unit)
+    if not rest:
+        return str(whole)
+    digits = len(str(unit)) - 1
+    return f"{whole}.{rest:0{digits}d}".rstrip("0")
+
+
+class TimeFormatter:
+    """RFC 3339 (seconds, UTC) as metav1.Time marshals, memoised for the burst of one list."""
+
+    __slots__ = ("_second", "_text")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self, ts: float) -> str:
+        second = int(ts)
+        if second != self._second:
+            self._second = second
+            self._text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+        return self._text
+
+
+def usage_dict(cpu_nanocores: int, memory: int) -> dict[str, str]:
+    return {"cpu": format_cpu_nanocores(cpu_nanocores), "memory": format_bytes(memory)}
+
+
+def _meta(name: str, namespace: str, labels: dict[str, str], created: str) -> dict:
+    meta: dict = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["creationTimestamp"] = created
+    if labels:  # omitted when empty, as ObjectMeta's omitempty does
+        meta["labels"] = labels
+    return meta
+
+
+def node_metrics(node: NodeInfo, usage: Usage, created: str, fmt: TimeFormatter) -> dict:
+    # metrics-server stamps creationTimestamp with the time of the request: these objects are
+    # computed, not stored.
+    return {
+        "metadata": _meta(node.name, "", node.labels, created),
+        "timestamp": fmt(usage.timestamp),
+        "window": go_duration(usage.window),
+        "usage": usage_dict(usage.cpu_nanocores, usage.memory),
+    }
+
+
+def pod_metrics(pod: PodInfo, usage: PodUsage, created: str, fmt: TimeFormatter) -> dict:
+    return {
+        "metadata": _meta(pod.name, pod.namespace, pod.labels, created),
+        "timestamp": fmt(usage.timestamp),
+        "window": go_duration(usage.window),
+        "containers": [
+            {"name": name, "usage": usage_dict(u.cpu_nanocores, u.memory)} for name, u in usage.containers
+        ],
+    }
+
+
+def single(obj: dict, kind: str) -> dict:
+    """A lone object carries its kind and apiVersion; list items do not."""
+    return {"kind": kind, "apiVersion": API_VERSION, **obj}
+
+
+def object_list(kind: str, items: list[dict]) -> dict:
+    return {"kind": kind, "apiVersion": API_VERSION, "metadata": {}, "items": items}

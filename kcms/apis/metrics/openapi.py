@@ -1,0 +1,68 @@
+"""OpenAPI (Swagger 2.0) definitions of the metrics.k8s.io/v1beta1 kinds, named as upstream names them."""
+
+from __future__ import annotations
+
+_PKG = "io.k8s.metrics.pkg.apis.metrics.v1beta1"
+_META = "io.k8s.apimachinery.pkg.apis.meta.v1"
+_QUANTITY = {"$ref": "#/definitions/io.k8s.apimachinery.pkg.api.resource.Quantity"}
+_USAGE = {
+    "description": "The memory and CPU usage, as quantities.",
+    "type": "object",
+    "additionalProperties": _QUANTITY,
+}
+
+
+def _gvk(kind: str) -> list[dict]:
+    return [{"group": "metrics.k8s.io", "version": "v1beta1", "kind": kind}]
+
+
+def _list(kind: str, item: str) -> dict:
+    return {
+        "description": f"A list of {item} objects.",
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"$ref": f"#/definitions/{_META}.ListMeta"},
+            "items": {"type": "array", "items": {"$ref": f"#/definitions/{_PKG}.{item}"}},
+        },
+        "x-kubernetes-group-version-kind": _gvk(kind),
+    }
+
+
+_COMMON = {
+    "apiVersion": {"type": "string"},
+    "kind": {"type": "string"},
+    "metadata": {"$ref": f"#/definitions/{_META}.ObjectMeta"},
+    "timestamp": {"$ref": f"#/definitions/{_META}.Time"},
+    "window": {"$ref": f"#/definitions/{_META}.Duration"},
+}
+
+DEFINITIONS: dict[str, dict] = {
+    f"{_PKG}.NodeMetrics": {
+        "description": "The resource usage of a node: CPU as a rate over `window`, memory as working set.",
+        "type": "object",
+        "required": ["timestamp", "window", "usage"],
+        "properties": {**_COMMON, "usage": _USAGE},
+        "x-kubernetes-group-version-kind": _gvk("NodeMetrics"),
+    },
+    f"{_PKG}.NodeMetricsList": _list("NodeMetricsList", "NodeMetrics"),
+    f"{_PKG}.ContainerMetrics": {
+        "description": "The resource usage of one container.",
+        "type": "object",
+        "required": ["name", "usage"],
+        "properties": {"name": {"type": "string"}, "usage": _USAGE},
+    },
+    f"{_PKG}.PodMetrics": {
+        "description": "The resource usage of the containers of a pod.",
+        "type": "object",
+        "required": ["timestamp", "window", "containers"],
+        "properties": {
+            **_COMMON,
+            "containers": {"type": "array", "items": {"$ref": f"#/definitions/{_PKG}.ContainerMetrics"}},
+        },
+        "x-kubernetes-group-version-kind": _gvk("PodMetrics"),
+    },
+    f"{_PKG}.PodMetricsList": _list("PodMetricsList", "PodMetrics"),
+}

@@ -1,0 +1,283 @@
+"""Delegated authentication, in the order of the kube generic apiserver:
+
+1. request-header (front proxy): only for a TLS peer whose client certificate was issued by the
+   request-header CA (and whose CN is allowed); user, groups, extra and uid from the headers;
+2. client certificate issued by the client CA: user = CN, groups = O;
+3. ``Authorization: Bearer <token>`` checked by a token reviewer (TokenReview, cached there).
+
+The server's ``SSLContext`` trusts both CAs, so after the handshake the leaf certificate is matched
+here against each CA (issuer name and signature) to know which CA vouched for it; the answer is
+cached per TLS connection. Limitation: the leaf must be issued directly by a certificate in the
+CA bundle (intermediates must be part of the bundle), because Python 3.11 does not expose the
+verified chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from kcms.model import UserInfo
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = UserInfo(name="system:anonymous", groups=("system:unauthenticated",))
+AUTHENTICATED_GROUP = "system:authenticated"
+
+
+class TokenAuthenticator(Protocol):
+    """Anything that turns a bearer token into a user (e.g. ``kcms.kube.reviews.TokenReviewer``)."""
+
+    async def authenticate(self, token: str) -> UserInfo | None: ...
+
+
+@dataclass(slots=True)
+class AuthnOptions:
+    """Authentication settings (the kube ``--client-ca-file``/``--requestheader-*`` flags).
+
+    Empty CA files are looked up (unless ``skip_lookup``) in the
+    ``kube-system/extension-apiserver-authentication`` ConfigMap.
+    """
+
+    client_ca_file: str = ""
+    requestheader_client_ca_file: str = ""
+    requestheader_allowed_names: list[str] = field(default_factory=list)
+    requestheader_username_headers: list[str] = field(default_factory=lambda: ["X-Remote-User"])
+    requestheader_group_headers: list[str] = field(default_factory=lambda: ["X-Remote-Group"])
+    requestheader_extra_headers_prefix: list[str] = field(default_factory=lambda: ["X-Remote-Extra-"])
+    requestheader_uid_headers: list[str] = field(default_factory=lambda: ["X-Remote-Uid"])
+    skip_lookup: bool = False
+    token_reviewer: TokenAuthenticator | None = None
+    allow_anonymous: bool = False
+
+
+@dataclass(slots=True)
+class ResolvedAuthn:
+    """Authentication settings with CA material in memory (files read, ConfigMap merged)."""
+
+    client_ca_pems: list[bytes]
+    requestheader_ca_pems: list[bytes]
+    allowed_names: list[str]
+    username_headers: list[str]
+    group_headers: list[str]
+    extra_prefixes: list[str]
+    uid_headers: list[str]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    return [str(v) for v in value]
+
+
+def resolve(opts: AuthnOptions, configmap: dict[str, Any] | None = None) -> ResolvedAuthn:
+    """Read the CA files; fill what is unset from the extension-apiserver-authentication data
+    (``configmap``, keys as in the ConfigMap, lists already decoded), like kube's delegating
+    authentication: the request-header settings come from the ConfigMap when no request-header
+    CA file was given."""
+    cm = configmap or {}
+    client = [_read(opts.client_ca_file)] if opts.client_ca_file else []
+    if not client and cm.get("client-ca-file"):
+        client = [str(cm["client-ca-file"]).encode()]
+    if opts.requestheader_client_ca_file:
+        return ResolvedAuthn(
+            client_ca_pems=client,
+            requestheader_ca_pems=[_read(opts.requestheader_client_ca_file)],
+            allowed_names=list(opts.requestheader_allowed_names),
+            username_headers=list(opts.requestheader_username_headers),
+            group_headers=list(opts.requestheader_group_headers),
+            extra_prefixes=list(opts.requestheader_extra_headers_prefix),
+            uid_headers=list(opts.requestheader_uid_headers),
+        )
+    rh = [str(cm["requestheader-client-ca-file"]).encode()] if cm.get("requestheader-client-ca-file") else []
+    return ResolvedAuthn(
+        client_ca_pems=client,
+        requestheader_ca_pems=rh,
+        allowed_names=_as_list(cm.get("requestheader-allowed-names")) if rh else [],
+        username_headers=_as_list(cm.get("requestheader-username-headers")) or list(opts.requestheader_username_headers),
+        group_headers=_as_list(cm.get("requestheader-group-headers")) or list(opts.requestheader_group_headers),
+        extra_prefixes=_as_list(cm.get("requestheader-extra-headers-prefix"))
+        or list(opts.requestheader_extra_headers_prefix),
+        uid_headers=_as_list(cm.get("requestheader-uid-headers")) or list(opts.requestheader_uid_headers),
+    )
+
+
+def load_ca_certs(pems: Iterable[bytes]) -> list[x509.Certificate]:
+    """Parse every certificate of the PEM bundles."""
+    out: list[x509.Certificate] = []
+    for pem in pems:
+        if pem.strip():
+            out.extend(x509.load_pem_x509_certificates(pem))
+    return out
+
+
+def issued_by(leaf: x509.Certificate, cas: list[x509.Certificate]) -> bool:
+    """Whether ``leaf`` was signed by one of ``cas`` (issuer name and signature both match)."""
+    for ca in cas:
+        if leaf.issuer != ca.subject:
+            continue
+        try:
+            leaf.verify_directly_issued_by(ca)
+            return True
+        except Exception:  # InvalidSignature, unsupported key types
+            continue
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCert:
+    """What the server knows about a TLS connection's client certificate."""
+
+    common_name: str
+    organizations: tuple[str, ...]
+    from_requestheader_ca: bool
+    from_client_ca: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AuthnResult:
+    """The outcome of authentication: a user (None when nobody matched) and how."""
+
+    user: UserInfo | None
+    method: str  # requestheader, x509, token, anonymous, none, invalid-token
+
+
+def _add_authenticated(user: UserInfo) -> UserInfo:
+    if AUTHENTICATED_GROUP in user.groups:
+        return user
+    return UserInfo(name=user.name, uid=user.uid, groups=(*user.groups, AUTHENTICATED_GROUP), extra=user.extra)
+
+
+class Authenticator:
+    """Authenticates aiohttp requests arriving over TLS."""
+
+    def __init__(self, config: ResolvedAuthn, token_reviewer: TokenAuthenticator | None, allow_anonymous: bool):
+        self.config = config
+        self.token_reviewer = token_reviewer
+        self.allow_anonymous = allow_anonymous
+        self._rh_cas = load_ca_certs(config.requestheader_ca_pems)
+        self._client_cas = load_ca_certs(config.client_ca_pems)
+        self._allowed = set(config.allowed_names)
+        self._peers: weakref.WeakKeyDictionary[Any, PeerCert | None] = weakref.WeakKeyDictionary()
+
+    def peer_cert(self, request: web.Request) -> PeerCert | None:
+        """The verified client certificate of the request's connection, if any (cached per connection)."""
+        transport = request.transport
+        if transport is None:
+            return None
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return None
+        try:
+            return self._peers[ssl_object]
+        except KeyError:
+            pass
+        peer: PeerCert | None = None
+        der = ssl_object.getpeercert(binary_form=True)
+        if der:
+            try:
+                leaf = x509.load_der_x509_certificate(der)
+                cns = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+                orgs = leaf.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+                peer = PeerCert(
+                    common_name=str(cns[0].value) if cns else "",
+                    organizations=tuple(str(o.value) for o in orgs),
+                    from_requestheader_ca=issued_by(leaf, self._rh_cas),
+                    from_client_ca=issued_by(leaf, self._client_cas),
+                )
+            except ValueError as e:
+                log.warning("unparseable client certificate: %s", e)
+        self._peers[ssl_object] = peer
+        return peer
+
+    def _from_headers(self, request: web.Request, peer: PeerCert | None) -> UserInfo | None:
+        headers = request.headers
+        name = ""
+        for h in self.config.username_headers:
+            for v in headers.getall(h, []):
+                if v.strip():
+                    name = v.strip()
+                    break
+            if name:
+                break
+        if not name:
+            return None
+        if peer is None or not peer.from_requestheader_ca:
+            log.warning(
+                "ignoring request-header identity %r from %s: no client certificate from the request-header CA",
+                name,
+                request.remote,
+            )
+            return None
+        if self._allowed and peer.common_name not in self._allowed:
+            log.warning(
+                "ignoring request-header identity %r: front-proxy certificate CN %r is not in the allowed names",
+                name,
+                peer.common_name,
+            )
+            return None
+        groups: list[str] = []
+        for h in self.config.group_headers:
+            groups.extend(v for v in headers.getall(h, []) if v)
+        extra: dict[str, list[str]] = {}
+        for key, value in headers.items():
+            lower = key.lower()
+            for prefix in self.config.extra_prefixes:
+                if lower.startswith(prefix.lower()) and len(lower) > len(prefix):
+                    extra_key = urllib.parse.unquote(lower[len(prefix) :])
+                    extra.setdefault(extra_key, []).append(value)
+                    break
+        uid = ""
+        for h in self.config.uid_headers:
+            v = headers.get(h, "")
+            if v:
+                uid = v
+                break
+        return UserInfo(
+            name=name,
+            uid=uid,
+            groups=tuple(groups),
+            extra=tuple(sorted((k, tuple(v)) for k, v in extra.items())),
+        )
+
+    async def authenticate(self, request: web.Request) -> AuthnResult:
+        """Try request-header, client certificate, then bearer token; see the module docstring."""
+        peer = self.peer_cert(request)
+        user = self._from_headers(request, peer)
+        if user is not None:
+            return AuthnResult(_add_authenticated(user), "requestheader")
+        if peer is not None and peer.from_client_ca and peer.common_name:
+            user = UserInfo(name=peer.common_name, groups=peer.organizations)
+            return AuthnResult(_add_authenticated(user), "x509")
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            if self.token_reviewer is None:
+                return AuthnResult(None, "invalid-token")
+            try:
+                user = await self.token_reviewer.authenticate(token)
+            except Exception as e:  # the review could not be made: kube answers 401 too
+                log.error("token review failed: %s", e)
+                user = None
+            if user is None:
+                return AuthnResult(None, "invalid-token")
+            return AuthnResult(_add_authenticated(user), "token")
+        if self.allow_anonymous:
+            return AuthnResult(ANONYMOUS, "anonymous")
+        return AuthnResult(None, "none")

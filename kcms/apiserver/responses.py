@@ -1,0 +1,322 @@
+"""Kubernetes-style responses: ``Status`` errors, JSON bodies, content negotiation and ``Table`` output.
+
+Handlers either return :func:`respond` (a JSON object, possibly rendered as a ``meta.k8s.io`` ``Table``)
+or raise :class:`StatusError`, which the server's middleware turns into a ``Status`` response.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+JSON = "application/json"
+GZIP_MIN_BYTES = 1024
+_ACCEPTED_TYPES = "application/json"
+
+
+class StatusError(Exception):
+    """An error that becomes a ``v1`` ``Status`` object with ``status: Failure``."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict[str, Any]:
+        """The ``Status`` object as a dict."""
+        return status_object(self.code, self.reason, self.message, self.details)
+
+
+def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A failure ``Status`` dict in the field order kube uses."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+    }
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+def _qualified(group: str, resource: str) -> str:
+    return f"{resource}.{group}" if group else resource
+
+
+def not_found(group: str, resource: str, name: str) -> StatusError:
+    """``<resource>.<group> "<name>" not found`` (404 NotFound)."""
+    return StatusError(
+        404,
+        "NotFound",
+        f'{_qualified(group, resource)} "{name}" not found',
+        {"name": name, "group": group, "kind": resource},
+    )
+
+
+def path_not_found() -> StatusError:
+    """The 404 kube answers for a path it does not serve."""
+    return StatusError(404, "NotFound", "the server could not find the requested resource", {})
+
+
+def bad_request(message: str) -> StatusError:
+    """400 BadRequest with the given message."""
+    return StatusError(400, "BadRequest", message)
+
+
+def unauthorized() -> StatusError:
+    """401 Unauthorized, as kube answers a request no authenticator accepted."""
+    return StatusError(401, "Unauthorized", "Unauthorized")
+
+
+def forbidden(group: str, resource: str, name: str, message: str) -> StatusError:
+    """403 Forbidden in kube's form: ``<resource>.<group> "<name>" is forbidden: <message>``."""
+    qualified = _qualified(group, resource)
+    if not qualified:
+        text = f"forbidden: {message}"
+    elif not name:
+        text = f"{qualified} is forbidden: {message}"
+    else:
+        text = f'{qualified} "{name}" is forbidden: {message}'
+    return StatusError(403, "Forbidden", text, {"name": name, "group": group, "kind": resource})
+
+
+def method_not_allowed() -> StatusError:
+    """405 MethodNotAllowed."""
+    return StatusError(
+        405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {}
+    )
+
+
+def not_acceptable() -> StatusError:
+    """406 NotAcceptable, listing what the server can produce."""
+    return StatusError(
+        406, "NotAcceptable", f"only the following media types are accepted: {_ACCEPTED_TYPES}"
+    )
+
+
+def service_unavailable(message: str) -> StatusError:
+    """503 ServiceUnavailable."""
+    return StatusError(503, "ServiceUnavailable", message)
+
+
+def internal_error(message: str) -> StatusError:
+    """500 InternalError in kube's wording."""
+    return StatusError(
+        500,
+        "InternalError",
+        f"Internal error occurred: {message}",
+        {"causes": [{"message": message}]},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TableConverter:
+    """How to render objects as ``Table`` rows: column definitions and a row function."""
+
+    columns: list[dict[str, Any]]
+    row: Callable[[dict[str, Any]], list[Any]]
+
+
+DEFAULT_TABLE = TableConverter(
+    columns=[
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "description": "Name must be unique within a namespace.",
+            "priority": 0,
+        },
+        {
+            "name": "Created At",
+            "type": "date",
+            "format": "",
+            "description": "CreationTimestamp is a timestamp representing the server time when this object was created.",
+            "priority": 0,
+        },
+    ],
+    row=lambda obj: [
+        obj.get("metadata", {}).get("name", ""),
+        obj.get("metadata", {}).get("creationTimestamp"),
+    ],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRange:
+    """One clause of an ``Accept`` header."""
+
+    type: str
+    subtype: str
+    params: dict[str, str]
+    q: float
+
+
+def parse_accept(header: str) -> list[MediaRange]:
+    """Parse an ``Accept`` header into media ranges, best first (by q, then specificity, then order)."""
+    ranges: list[tuple[float, int, int, MediaRange]] = []
+    for index, clause in enumerate(header.split(",")):
+        parts = [p.strip() for p in clause.split(";")]
+        if not parts[0]:
+            continue
+        mtype, _, subtype = parts[0].lower().partition("/")
+        params: dict[str, str] = {}
+        q = 1.0
+        for p in parts[1:]:
+            key, _, value = p.partition("=")
+            key = key.strip().lower()
+            value = value.strip().strip('"')
+            if key == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+            elif key:
+                params[key] = value
+        if q <= 0:
+            continue
+        specificity = (mtype != "*") + (subtype not in ("*", "")) + bool(params)
+        ranges.append((q, specificity, index, MediaRange(mtype, subtype or "*", params, q)))
+    ranges.sort(key=lambda t: (-t[0], -t[1], t[2]))
+    return [r for _, _, _, r in ranges]
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """What :func:`negotiate` chose: plain JSON, or a ``Table`` of the given meta.k8s.io version."""
+
+    table_version: str | None = None  # "v1" or "v1beta1" for a Table, None for the object itself
+
+
+def negotiate(accept: str | None) -> Rendering:
+    """Choose the output for an ``Accept`` header, or raise a 406 :class:`StatusError`.
+
+    JSON is produced for ``application/json``, ``application/*`` and ``*/*``; a missing or empty
+    header means JSON; protobuf is not produced (clients such as the HPA list ``*/*`` or JSON after it).
+    ``application/json;as=Table;g=meta.k8s.io;v=v1|v1beta1`` asks for a ``Table``.
+    """
+    if not accept or not accept.strip():
+        return Rendering()
+    for mr in parse_accept(accept):
+        if (mr.type, mr.subtype) not in (("application", "json"), ("application", "*"), ("*", "*")):
+            continue
+        as_ = mr.params.get("as")
+        if as_ is None:
+            if {"g", "v"} & mr.params.keys():
+                continue  # a versioned request for something we do not have
+            return Rendering()
+        if (
+            as_ == "Table"
+            and mr.params.get("g") == "meta.k8s.io"
+            and mr.params.get("v") in ("v1", "v1beta1")
+        ):
+            return Rendering(table_version=mr.params["v"])
+    raise not_acceptable()
+
+
+def to_table(
+    obj: dict[str, Any], converter: TableConverter, version: str, include_object: str
+) -> dict[str, Any]:
+    """Render an object or a list (a dict with ``items``) as a ``meta.k8s.io/<version>`` ``Table``."""
+    api_version = f"meta.k8s.io/{version}"
+    is_list = isinstance(obj.get("items"), list)
+    items: list[dict[str, Any]] = obj["items"] if is_list else [obj]
+    rows = []
+    for item in items:
+        row: dict[str, Any] = {"cells": converter.row(item)}
+        if include_object == "Object":
+            row["object"] = item
+        elif include_object != "None":
+            row["object"] = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": api_version,
+                "metadata": item.get("metadata", {}),
+            }
+        rows.append(row)
+    metadata: dict[str, Any] = {}
+    if is_list:
+        metadata = {k: v for k, v in obj.get("metadata", {}).items() if k in ("resourceVersion", "continue")}
+    else:
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if rv:
+            metadata["resourceVersion"] = rv
+    return {
+        "kind": "Table",
+        "apiVersion": api_version,
+        "metadata": metadata,
+        "columnDefinitions": converter.columns,
+        "rows": rows,
+    }
+
+
+def json_response(
+    request: web.Request | None,
+    obj: Any,
+    *,
+    status: int = 200,
+    content_type: str = JSON,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """Serialize ``obj`` with orjson; gzip the body when the client accepts it and it is large."""
+    body = orjson.dumps(obj)
+    return bytes_response(request, body, status=status, content_type=content_type, headers=headers)
+
+
+def bytes_response(
+    request: web.Request | None,
+    body: bytes,
+    *,
+    status: int = 200,
+    content_type: str = JSON,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """A response with a ready body, gzip-encoded when accepted and larger than :data:`GZIP_MIN_BYTES`."""
+    hdrs = {"Content-Type": content_type, "Cache-Control": "no-cache, private"}
+    if headers:
+        hdrs.update(headers)
+    if (
+        request is not None
+        and len(body) > GZIP_MIN_BYTES
+        and "gzip" in request.headers.get("Accept-Encoding", "").lower()
+    ):
+        body = gzip.compress(body, compresslevel=4)
+        hdrs["Content-Encoding"] = "gzip"
+        hdrs["Vary"] = "Accept-Encoding"
+    return web.Response(body=body, status=status, headers=hdrs)
+
+
+def respond(
+    request: web.Request,
+    obj: dict[str, Any],
+    *,
+    table: TableConverter | None = None,
+    status: int = 200,
+) -> web.Response:
+    """Answer with ``obj`` as JSON, or as a ``Table`` when the ``Accept`` header asks for one.
+
+    ``table`` converts objects to rows; without it a default Name / Created At table is used.
+    The ``includeObject`` query parameter (None, Object, Metadata; default Metadata) says what each
+    row's ``object`` holds. Raises a 406 :class:`StatusError` for an ``Accept`` we cannot satisfy.
+    """
+    rendering = negotiate(request.headers.get("Accept"))
+    if rendering.table_version is not None:
+        include = request.query.get("includeObject", "Metadata") or "Metadata"
+        if include not in ("None", "Object", "Metadata"):
+            raise bad_request(f'includeObject: Unsupported value: "{include}"')
+        obj = to_table(obj, table or DEFAULT_TABLE, rendering.table_version, include)
+    return json_response(request, obj, status=status)
+
+
+def status_response(request: web.Request | None, err: StatusError) -> web.Response:
+    """The JSON response for a :class:`StatusError`."""
+    return json_response(request, err.status(), status=err.code)

@@ -1,0 +1,192 @@
+"""HTTPS serving: options, a self-signed certificate when none is given, the server ``SSLContext``
+and reloading of the serving certificate when its files change on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import logging
+import os
+import ssl
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+log = logging.getLogger(__name__)
+
+TLS_VERSIONS = {
+    "": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS12": ssl.TLSVersion.TLSv1_2,
+    "VersionTLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+
+@dataclass(slots=True)
+class ServingOptions:
+    """Where and how to serve HTTPS (the kube ``--secure-port``/``--tls-*``/``--cert-dir`` flags)."""
+
+    secure_port: int = 443  # 0 = an ephemeral port; see AggregatedAPIServer.port
+    bind_address: str = "0.0.0.0"
+    cert_dir: str = "apiserver.local.config/certificates"
+    tls_cert_file: str = ""
+    tls_private_key_file: str = ""
+    tls_min_version: str = ""  # "", "VersionTLS12" or "VersionTLS13"
+    alternate_names: tuple[str, ...] = ()
+    reload_interval: float = 3.0  # seconds between checks of the certificate files' mtimes
+
+
+def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
+    """Write a self-signed serving certificate and its key (PEM) for localhost, 127.0.0.1 and
+    ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    for alt in alternate_names:
+        try:
+            ip: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(alt))
+        except ValueError:
+            ip = x509.DNSName(alt)
+        if ip not in names:
+            names.append(ip)
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"localhost@{int(now.timestamp())}")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(cert_path)), exist_ok=True)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_pem)
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def resolve_cert_files(opts: ServingOptions) -> tuple[str, str]:
+    """The serving cert/key paths: the given ones, or ``<cert_dir>/apiserver.{crt,key}``,
+    generated (self-signed) when absent."""
+    if opts.tls_cert_file and opts.tls_private_key_file:
+        return opts.tls_cert_file, opts.tls_private_key_file
+    if opts.tls_cert_file or opts.tls_private_key_file:
+        raise ValueError("tls_cert_file and tls_private_key_file must be given together")
+    cert = os.path.join(opts.cert_dir, "apiserver.crt")
+    key = os.path.join(opts.cert_dir, "apiserver.key")
+    if not (os.path.exists(cert) and os.path.exists(key)):
+        log.info("generating a self-signed serving certificate in %s", opts.cert_dir)
+        generate_self_signed(cert, key, tuple(opts.alternate_names))
+    return cert, key
+
+
+def server_context(
+    cert_file: str, key_file: str, client_ca_pems: list[bytes], min_version: str = ""
+) -> ssl.SSLContext:
+    """A server ``SSLContext`` that asks for (but does not require) a client certificate chaining
+    to one of ``client_ca_pems``."""
+    if min_version not in TLS_VERSIONS:
+        raise ValueError(f"unsupported tls_min_version {min_version!r}: use VersionTLS12 or VersionTLS13")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = TLS_VERSIONS[min_version]
+    ctx.load_cert_chain(cert_file, key_file)
+    cadata = b"".join(p if p.endswith(b"\n") else p + b"\n" for p in client_ca_pems)
+    if cadata.strip():
+        ctx.load_verify_locations(cadata=cadata.decode("ascii"))
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def _mtimes(*paths: str) -> tuple[float, ...]:
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append(st.st_mtime_ns + st.st_size + st.st_ino)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
+class CertReloader:
+    """Polls the serving cert/key files and loads a changed pair into the live ``SSLContext``
+    (new connections then use it); a pair that does not load is logged and the old one kept."""
+
+    def __init__(self, ctx: ssl.SSLContext, cert_file: str, key_file: str, interval: float = 3.0) -> None:
+        self.ctx = ctx
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.interval = interval
+        self.reloads = 0
+        self.failures = 0
+        self._seen = _mtimes(cert_file, key_file)
+        self._task: asyncio.Task[None] | None = None
+
+    def check(self) -> bool:
+        """Reload now if the files changed since the last look; True when a new pair was loaded."""
+        now = _mtimes(self.cert_file, self.key_file)
+        if now == self._seen:
+            return False
+        try:
+            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            probe.load_cert_chain(self.cert_file, self.key_file)
+            self.ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            # keep the old pair; try again when the files change once more (e.g. key written after cert)
+            self.failures += 1
+            self._seen = now
+            log.error("serving certificate %s / %s did not load, keeping the old one: %s", self.cert_file, self.key_file, e)
+            return False
+        self._seen = now
+        self.reloads += 1
+        log.info("reloaded serving certificate from %s", self.cert_file)
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.check()
+
+    def start(self) -> None:
+        """Start polling in the running event loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="cert-reloader")
+
+    async def stop(self) -> None:
+        """Stop polling."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

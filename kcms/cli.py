@@ -1,0 +1,259 @@
+"""The one `kcms` command: a sub-command per component.
+
+Flags that mean what a metrics-server flag means have its name and default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+from kcms import __version__
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
+TLS_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration ("15s", "1m30s", "500ms") in seconds; a bare number means seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (expected e.g. 15s, 1m30s, 500ms)")
+    return total
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _address_types(text: str) -> list[str]:
+    types = _csv(text)
+    bad = [t for t in types if t not in ADDRESS_TYPES]
+    if bad or not types:
+        raise argparse.ArgumentTypeError(
+            f"unknown address type(s) {','.join(bad) or '(none)'}; allowed: {','.join(ADDRESS_TYPES)}"
+        )
+    return types
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} out of range 0-65535")
+    return port
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("kubelet scraping (metrics-server flags)")
+    g.add_argument("--metric-resolution", type=parse_duration, default=15.0, metavar="DURATION",
+                   help="how often metrics are scraped from kubelets; at least 10s (default 15s)")
+    g.add_argument("--kubelet-port", type=_port, default=10250, help="the port kubelets serve on (default 10250)")
+    g.add_argument("--kubelet-use-node-status-port", action="store_true",
+                   help="use the port in the node's status.daemonEndpoints instead of --kubelet-port")
+    g.add_argument("--kubelet-preferred-address-types", type=_address_types, default=list(ADDRESS_TYPES),
+                   metavar="TYPES", help="node address types to connect to, in order "
+                   "(default Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP)")
+    g.add_argument("--kubelet-insecure-tls", action="store_true",
+                   help="do not verify kubelets' serving certificates (testing only)")
+    g.add_argument("--kubelet-certificate-authority", default="", metavar="FILE",
+                   help="CA bundle that kubelets' serving certificates chain to")
+    g.add_argument("--kubelet-client-certificate", default="", metavar="FILE",
+                   help="client certificate for talking to kubelets")
+    g.add_argument("--kubelet-client-key", default="", metavar="FILE", help="key of --kubelet-client-certificate")
+    g.add_argument("--kubelet-request-timeout", type=parse_duration, default=10.0, metavar="DURATION",
+                   help="cap on one kubelet request; the per-node deadline is min(this, 90%% of the resolution)")
+    g.add_argument("--kubelet-endpoint", choices=("resource", "summary"), default="resource",
+                   help="scrape /metrics/resource (default) or /stats/summary")
+    g.add_argument("--kubelet-max-body-bytes", type=_positive_int, default=10 * 1024 * 1024, metavar="BYTES",
+                   help="a kubelet response larger than this is refused and counted (default 10 MiB)")
+    g.add_argument("--kubelet-max-in-flight", type=_positive_int, default=200, metavar="N",
+                   help="kubelet requests in flight at once (default 200)")
+    g.add_argument("--node-selector", default="", metavar="SELECTOR",
+                   help="label selector: only nodes matching it are scraped and served")
+
+
+def add_kube_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Kubernetes API")
+    g.add_argument("--kubeconfig", default="", metavar="FILE",
+                   help="kubeconfig of the cluster; default the in-cluster service account")
+    g.add_argument("--inventory-file", default="", metavar="FILE",
+                   help="read nodes and pods from a v1 List JSON file (as `kcms simulate --write-inventory` "
+                   "writes) instead of watching the Kubernetes API; for simulations")
+
+
+def add_serving_flags(p: argparse.ArgumentParser, default_port: int = 443) -> None:
+    g = p.add_argument_group("serving")
+    g.add_argument("--secure-port", type=_port, default=default_port,
+                   help=f"HTTPS port (default {default_port}; 0 picks a free one)")
+    g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    g.add_argument("--cert-dir", default="apiserver.local.config/certificates", metavar="DIR",
+                   help="where a self-signed pair is written when --tls-cert-file is not given")
+    g.add_argument("--tls-cert-file", default="", metavar="FILE", help="serving certificate (reloaded on change)")
+    g.add_argument("--tls-private-key-file", default="", metavar="FILE", help="key of --tls-cert-file")
+    g.add_argument("--tls-min-version", choices=TLS_VERSIONS, default="", help="minimum TLS version")
+
+
+def add_auth_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("delegated authentication and authorization")
+    g.add_argument("--authentication-kubeconfig", default="", metavar="FILE",
+                   help="kubeconfig for TokenReview and the extension-apiserver-authentication lookup")
+    g.add_argument("--authorization-kubeconfig", default="", metavar="FILE",
+                   help="kubeconfig for SubjectAccessReview")
+    g.add_argument("--authentication-skip-lookup", action="store_true",
+                   help="do not read kube-system/extension-apiserver-authentication")
+    g.add_argument("--client-ca-file", default="", metavar="FILE",
+                   help="accept client certificates signed by this CA (user = CN, groups = O)")
+    g.add_argument("--requestheader-client-ca-file", default="", metavar="FILE",
+                   help="CA of the front proxy (the aggregator) whose requests carry the user in headers")
+    g.add_argument("--requestheader-allowed-names", type=_csv, default=[], metavar="NAMES",
+                   help="front-proxy certificate common names allowed; empty = any")
+    g.add_argument("--requestheader-username-headers", type=_csv, default=["X-Remote-User"], metavar="HEADERS")
+    g.add_argument("--requestheader-group-headers", type=_csv, default=["X-Remote-Group"], metavar="HEADERS")
+    g.add_argument("--requestheader-extra-headers-prefix", type=_csv, default=["X-Remote-Extra-"],
+                   metavar="PREFIXES")
+    g.add_argument("--authorization-always-allow-paths", type=_csv, default=["/healthz", "/readyz", "/livez"],
+                   metavar="PATHS", help="paths served without authorization (default /healthz,/readyz,/livez)")
+
+
+def add_logging_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)")
+
+
+def validate_kubelet_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.metric_resolution < 10:
+        p.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
+    if args.kubelet_request_timeout <= 0:
+        p.error("argument --kubelet-request-timeout: must be positive")
+    if bool(args.kubelet_client_certificate) != bool(args.kubelet_client_key):
+        p.error("arguments --kubelet-client-certificate and --kubelet-client-key must be given together")
+    if args.kubelet_insecure_tls and args.kubelet_certificate_authority:
+        p.error("arguments --kubelet-insecure-tls and --kubelet-certificate-authority are mutually exclusive")
+    if args.node_selector:
+        from kcms.selectors import SelectorError, parse_label_selector
+
+        try:
+            parse_label_selector(args.node_selector)
+        except SelectorError as e:
+            p.error(f"argument --node-selector: {e}")
+
+
+def validate_serving_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        p.error("arguments --tls-cert-file and --tls-private-key-file must be given together")
+
+
+def _check_files(p: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+    import os
+
+    for name in names:
+        path = getattr(args, name, "")
+        if path and not os.path.isfile(path):
+            p.error(f"argument --{name.replace('_', '-')}: no such file: {path}")
+
+
+FILE_FLAGS = (
+    "kubeconfig", "inventory_file", "kubelet_certificate_authority", "kubelet_client_certificate",
+    "kubelet_client_key", "tls_cert_file", "tls_private_key_file", "authentication_kubeconfig",
+    "authorization_kubeconfig", "client_ca_file", "requestheader_client_ca_file",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kcms", description="KCMS: Kubernetes metrics pipeline")
+    parser.add_argument("--version", action="version", version=f"kcms {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("standalone", help="collector, store and API server in one process (metrics-server drop-in)",
+                       description="Scrape kubelets and serve metrics.k8s.io, as metrics-server does.")
+    add_kube_flags(p)
+    add_kubelet_flags(p)
+    add_serving_flags(p)
+    add_auth_flags(p)
+    add_logging_flags(p)
+
+    from kcms.sim import add_simulate_arguments
+
+    p = sub.add_parser("simulate", help="fake kubelets on loopback, for demos, tests and benchmarks")
+    add_simulate_arguments(p)
+    add_logging_flags(p)
+
+    p = sub.add_parser("demo", help="a simulated cluster plus the whole pipeline, serving on 127.0.0.1",
+                       description="Start simulated kubelets and a standalone pipeline on loopback; no cluster and "
+                       "no credentials needed (anonymous reads, 127.0.0.1 only).")
+    p.add_argument("--secure-port", type=_port, default=8443, help="HTTPS port on 127.0.0.1 (default 8443)")
+    p.add_argument("--nodes", type=_positive_int, default=5, help="simulated nodes (default 5)")
+    p.add_argument("--pods-per-node", type=_positive_int, default=6, help="pods per node (default 6)")
+    p.add_argument("--metric-resolution", type=parse_duration, default=15.0, metavar="DURATION",
+                   help="scrape period, at least 10s (default 15s)")
+    p.add_argument("--work-dir", default="", metavar="DIR",
+                   help="where the demo writes its kubeconfig and certificates (default a temporary dir)")
+    p.add_argument("--exit-after", type=parse_duration, default=0.0, metavar="DURATION",
+                   help="stop after this long (default: run until interrupted)")
+    add_logging_flags(p)
+    return parser
+
+
+def setup_logging(verbosity: int) -> None:
+    level = logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 0 else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s: %(message)s", stream=sys.stderr)
+    if verbosity < 4:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    setup_logging(args.v)
+    if args.command == "standalone":
+        validate_kubelet_flags(sub, args)
+        validate_serving_flags(sub, args)
+        _check_files(sub, args, FILE_FLAGS)
+        from kcms.standalone import run_standalone
+
+        return asyncio.run(run_standalone(args))
+    if args.command == "simulate":
+        from kcms.sim import simulate_main
+
+        return asyncio.run(simulate_main(args))
+    if args.command == "demo":
+        if args.metric_resolution < 10:
+            sub.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
+        from kcms.demo import run_demo
+
+        return asyncio.run(run_demo(args))
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

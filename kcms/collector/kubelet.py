@@ -1,0 +1,138 @@
+"""Scraping one kubelet: address choice, TLS and credentials, bounded reads, decoding."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from kcms.model import DecodeError, NodeBatch, NodeInfo
+from kcms.sources.kubelet_decode import decode_resource_metrics, decode_summary
+
+DEFAULT_ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
+ADDRESS_TYPES = frozenset(DEFAULT_ADDRESS_TYPES)
+ENDPOINTS = {"resource": "/metrics/resource", "summary": "/stats/summary"}
+
+
+class ScrapeError(Exception):
+    """One node could not be scraped this cycle. ``reason`` is a stable metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class KubeletClientConfig:
+    """How to reach kubelets; the flags of the same names set it."""
+
+    port: int = 10250
+    use_node_status_port: bool = False
+    preferred_address_types: tuple[str, ...] = DEFAULT_ADDRESS_TYPES
+    insecure_tls: bool = False
+    ca_file: str | None = None  # None: the system trust store
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    bearer_token: str | None = None  # sent when no client certificate is configured
+    endpoint: str = "resource"  # "resource" (/metrics/resource) or "summary" (/stats/summary)
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_in_flight: int = 200  # concurrent scrapes; the rest wait their turn
+    keepalive: float = 60.0  # idle connection lifetime; must exceed the resolution to reuse TLS sessions
+    extra_ca_pem: list[str] = field(default_factory=list)
+
+
+def node_address(node: NodeInfo, preferred: tuple[str, ...]) -> str | None:
+    """The node's first address of the most preferred type (metrics-server's rule)."""
+    for kind in preferred:
+        for addr_type, address in node.addresses:
+            if addr_type == kind and address:
+                return address
+    return None
+
+
+def build_ssl_context(config: KubeletClientConfig) -> ssl.SSLContext | bool:
+    if config.insecure_tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx = ssl.create_default_context(cafile=config.ca_file)
+        for pem in config.extra_ca_pem:
+            ctx.load_verify_locations(cadata=pem)
+    if config.client_cert_file:
+        ctx.load_cert_chain(config.client_cert_file, config.client_key_file or None)
+    return ctx
+
+
+class KubeletClient:
+    """Fetches and decodes one kubelet's resource metrics over a shared keep-alive pool."""
+
+    def __init__(self, config: KubeletClientConfig) -> None:
+        self.config = config
+        self._ssl = build_ssl_context(config)
+        self._path = ENDPOINTS[config.endpoint]
+        self._decode = decode_resource_metrics if config.endpoint == "resource" else None
+        headers = {"Accept": "text/plain" if config.endpoint == "resource" else "application/json"}
+        if config.bearer_token and not config.client_cert_file:
+            headers["Authorization"] = f"Bearer {config.bearer_token}"
+        connector = aiohttp.TCPConnector(
+            limit=0,  # concurrency is bounded by the collector, not here
+            ssl=self._ssl,
+            keepalive_timeout=config.keepalive,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=headers,
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    def url(self, node: NodeInfo) -> str:
+        address = node_address(node, self.config.preferred_address_types)
+        if address is None:
+            raise ScrapeError("no_address", f"node {node.name} has none of the address types "
+                              f"{','.join(self.config.preferred_address_types)}")
+        port = self.config.port
+        if self.config.use_node_status_port and node.kubelet_port:
+            port = node.kubelet_port
+        host = f"[{address}]" if ":" in address else address
+        return f"https://{host}:{port}{self._path}"
+
+    async def scrape(self, node: NodeInfo) -> NodeBatch:
+        """One node's readings; raises ScrapeError (never anything else) when unusable."""
+        url = self.url(node)
+        limit = self.config.max_body_bytes
+        try:
+            async with self._session.get(url) as resp:
+                if resp.status != 200:
+                    raise ScrapeError(f"http_{resp.status}", f"{url}: HTTP {resp.status}")
+                if resp.content_length is not None and resp.content_length > limit:
+                    raise ScrapeError("too_large", f"{url}: body of {resp.content_length} bytes over {limit}")
+                if resp.content_length is not None:
+                    body = await resp.read()
+                else:  # chunked: stop reading as soon as the limit is passed
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in resp.content.iter_any():
+                        size += len(chunk)
+                        if size > limit:
+                            raise ScrapeError("too_large", f"{url}: body over {limit} bytes")
+                        chunks.append(chunk)
+                    body = b"".join(chunks)
+        except ScrapeError:
+            raise
+        except aiohttp.ClientSSLError as e:
+            raise ScrapeError("tls", f"{url}: {e}") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise ScrapeError("connection", f"{url}: {e.__class__.__name__}: {e}") from None
+        try:
+            if self._decode is not None:
+                return self._decode(node.name, body)
+            return decode_summary(node.name, body, max_bytes=limit)
+        except DecodeError as e:
+            raise ScrapeError(f"decode_{e.reason}", f"{url}: {e}") from None
+
+    async def close(self) -> None:
+        await self._session.close()

@@ -1,0 +1,183 @@
+"""`kcms standalone`: kubelet collector, resource store and API server in one process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from kcms.apis.metrics.api import MetricsAPI
+from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
+from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
+from kcms.collector.scheduler import Collector
+from kcms.model import Inventory
+from kcms.selectors import parse_label_selector
+from kcms.store.resource import ResourceStore
+
+log = logging.getLogger(__name__)
+
+
+def kubelet_config(args: argparse.Namespace, kube=None, extra_ca_pem: list[str] | None = None) -> KubeletClientConfig:
+    """Kubelet client settings from the flags; credentials default to the kubeconfig's, as in metrics-server."""
+    cert = args.kubelet_client_certificate or None
+    key = args.kubelet_client_key or None
+    token = None
+    ca = args.kubelet_certificate_authority or None
+    if kube is not None:
+        if cert is None and kube.client_cert_files() is not None:
+            cert, key = kube.client_cert_files()
+        if cert is None:
+            token = kube.bearer_token()
+    return KubeletClientConfig(
+        port=args.kubelet_port,
+        use_node_status_port=args.kubelet_use_node_status_port,
+        preferred_address_types=tuple(args.kubelet_preferred_address_types),
+        insecure_tls=args.kubelet_insecure_tls,
+        ca_file=ca,
+        client_cert_file=cert,
+        client_key_file=key,
+        bearer_token=token,
+        endpoint=args.kubelet_endpoint,
+        max_body_bytes=args.kubelet_max_body_bytes,
+        max_in_flight=args.kubelet_max_in_flight,
+        keepalive=max(60.0, 3 * args.metric_resolution),
+        extra_ca_pem=list(extra_ca_pem or []),
+    )
+
+
+@dataclass
+class Pipeline:
+    """The running parts of a standalone process."""
+
+    inventory: Inventory
+    store: ResourceStore
+    kubelets: KubeletClient
+    collector: Collector
+    server: AggregatedAPIServer
+
+    async def start(self) -> None:
+        self.collector.start()
+        await self.server.start()
+
+    async def stop(self) -> None:
+        self.server.set_shutting_down()
+        await self.server.stop()
+        await self.collector.stop()
+        await self.kubelets.close()
+
+
+def build_pipeline(
+    args: argparse.Namespace,
+    inventory: Inventory,
+    kubelets: KubeletClient,
+    serving: ServingOptions,
+    authn: AuthnOptions,
+    authz: AuthzOptions,
+    kube_client=None,
+    inventory_synced=None,
+) -> Pipeline:
+    resolution = args.metric_resolution
+    store = ResourceStore(resolution)
+    selector = parse_label_selector(getattr(args, "node_selector", "") or "")
+
+    def after_cycle() -> None:
+        store.expire()
+
+    collector = Collector(
+        inventory,
+        kubelets,
+        store.store,
+        resolution=resolution,
+        timeout=min(0.9 * resolution, args.kubelet_request_timeout),
+        max_in_flight=kubelets.config.max_in_flight,
+        node_filter=None if selector.empty else (lambda n: selector.matches(n.labels)),
+        on_cycle=after_cycle,
+    )
+    server = AggregatedAPIServer(serving, authn, authz, kube_client=kube_client)
+    server.install(MetricsAPI(inventory, store).group_version())
+    server.add_check("metric-collection-timely", collector.healthy, livez=True, readyz=False)
+    server.add_check(
+        "metric-storage-ready",
+        lambda: (True, "ok") if store.ready() else (False, "no metrics scraped yet"),
+        livez=False,
+        readyz=True,
+    )
+    server.add_check(
+        "informer-sync",
+        lambda: (True, "ok") if inventory.has_synced() else (False, "nodes and pods not listed yet"),
+        livez=False,
+        readyz=True,
+    )
+    return Pipeline(inventory, store, kubelets, collector, server)
+
+
+def serving_options(args: argparse.Namespace) -> ServingOptions:
+    return ServingOptions(
+        secure_port=args.secure_port,
+        bind_address=args.bind_address,
+        cert_dir=args.cert_dir,
+        tls_cert_file=args.tls_cert_file,
+        tls_private_key_file=args.tls_private_key_file,
+        tls_min_version=args.tls_min_version,
+    )
+
+
+async def run_standalone(args: argparse.Namespace) -> int:
+    from kcms.kube.client import KubeClient, KubeConfigError
+    from kcms.kube.inventory import KubeInventory, StaticInventory
+    from kcms.kube.reviews import AccessReviewer, TokenReviewer
+
+    kube = authn_kube = authz_kube = None
+    try:
+        if not args.inventory_file or args.kubeconfig:
+            kube = await KubeClient.load(args.kubeconfig or None)
+        if args.authentication_kubeconfig:
+            authn_kube = await KubeClient.load(args.authentication_kubeconfig)
+        if args.authorization_kubeconfig:
+            authz_kube = await KubeClient.load(args.authorization_kubeconfig)
+    except KubeConfigError as e:
+        log.error("%s", e)
+        return 1
+    authn_kube = authn_kube or kube
+    authz_kube = authz_kube or kube
+
+    if args.inventory_file:
+        inventory = StaticInventory.from_file(args.inventory_file)
+    else:
+        inventory = KubeInventory(kube, node_selector=args.node_selector)
+    authn = AuthnOptions(
+        client_ca_file=args.client_ca_file,
+        requestheader_client_ca_file=args.requestheader_client_ca_file,
+        requestheader_allowed_names=args.requestheader_allowed_names,
+        requestheader_username_headers=args.requestheader_username_headers,
+        requestheader_group_headers=args.requestheader_group_headers,
+        requestheader_extra_headers_prefix=args.requestheader_extra_headers_prefix,
+        skip_lookup=args.authentication_skip_lookup or authn_kube is None,
+        token_reviewer=TokenReviewer(authn_kube) if authn_kube is not None else None,
+    )
+    authz = AuthzOptions(
+        access_reviewer=AccessReviewer(authz_kube) if authz_kube is not None else None,
+        always_allow_paths=args.authorization_always_allow_paths,
+    )
+    kubelets = KubeletClient(kubelet_config(args, kube))
+    pipeline = build_pipeline(args, inventory, kubelets, serving_options(args), authn, authz, kube_client=authn_kube)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if isinstance(inventory, KubeInventory):
+            await inventory.start()
+        await pipeline.start()
+        log.info("serving metrics.k8s.io on https://%s:%d", args.bind_address, pipeline.server.port)
+        await stop.wait()
+    finally:
+        await pipeline.stop()
+        if isinstance(inventory, KubeInventory):
+            await inventory.stop()
+        for client in {c for c in (kube, authn_kube, authz_kube) if c is not None}:
+            await client.close()
+    return 0

@@ -1,0 +1,198 @@
+"""Resource metrics storage with metrics-server semantics.
+
+Per node and per container we keep the last reading and the one before it. CPU usage is the
+delta of the cumulative counter over the delta of the readings' timestamps, taken only between
+two readings of the same container start, so a restart or a counter reset never yields a
+negative or inflated rate. Readings are stored node by node as each scrape completes; a node
+that stops answering keeps its readings until they are older than ``max_age`` and is then
+dropped, so nothing is ever served frozen at an old value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kcms.model import NodeBatch, PodKey, ResourcePoint
+
+# A container that started less than this long before its first reading gets no synthetic
+# "zero at start time" previous point: its first rate would rest on too short a window.
+FRESH_CONTAINER_MIN_AGE = 10.0
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the API serves for one node or container."""
+
+    timestamp: float  # time of the newer reading (kubelet clock, seconds since the epoch)
+    window: float  # seconds between the two readings the rate was taken from
+    cpu_nanocores: int
+    memory: int  # bytes
+
+
+@dataclass(slots=True)
+class PodUsage:
+    timestamp: float
+    window: float
+    containers: list[tuple[str, Usage]]
+
+
+# Per container: (last reading, previous reading usable for a rate, or None)
+_Pair = tuple[ResourcePoint, ResourcePoint | None]
+
+
+@dataclass(slots=True)
+class _NodeEntry:
+    received: float  # monotonic time the newest scrape of this node was stored
+    last: ResourcePoint | None = None
+    prev: ResourcePoint | None = None
+    pods: dict[PodKey, dict[str, _Pair]] = field(default_factory=dict)
+
+
+def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
+    """Pick the reading to take a rate against for ``new``, given what was stored before."""
+    if old is not None:
+        last, prev = old
+        same_start = new.start_time == last.start_time
+        if same_start and new.cpu_ns >= last.cpu_ns:
+            if new.timestamp > last.timestamp:
+                return last
+            # The kubelet served the same (or an older) reading again: keep the older pair.
+            if prev is not None and prev.timestamp < new.timestamp and prev.cpu_ns <= new.cpu_ns:
+                return prev
+            return None
+    # First reading of this container start (new container, restart or counter reset). A
+    # container that started recently used all its CPU since its start: take the start as a
+    # zero reading, so a fresh container is served after one scrape, not two.
+    age = new.timestamp - new.start_time
+    if new.start_time > 0 and FRESH_CONTAINER_MIN_AGE <= age < resolution:
+        return ResourcePoint(new.start_time, new.start_time, 0, new.memory)
+    return None
+
+
+def _usage(last: ResourcePoint, prev: ResourcePoint) -> Usage | None:
+    window = last.timestamp - prev.timestamp
+    if window <= 0 or last.cpu_ns < prev.cpu_ns:
+        return None
+    return Usage(last.timestamp, window, int((last.cpu_ns - prev.cpu_ns) / window), last.memory)
+
+
+class ResourceStore:
+    """Last and previous readings of every node and container, as metrics-server keeps them."""
+
+    def __init__(self, resolution: float, max_age: float | None = None) -> None:
+        self.resolution = resolution
+        # Readings of a node that stopped answering are served for at most this long.
+        self.max_age = max_age if max_age is not None else 2 * resolution
+        self._nodes: dict[str, _NodeEntry] = {}
+        self._pod_node: dict[PodKey, str] = {}
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def store(self, batch: NodeBatch, received: float | None = None) -> None:
+        """Store one node's scrape; its pods not in ``batch`` are forgotten."""
+        received = time.monotonic() if received is None else received
+        node = batch.node
+        entry = self._nodes.get(node)
+        if entry is None:
+            entry = self._nodes[node] = _NodeEntry(received)
+        entry.received = received
+
+        point = batch.node_point
+        if point is None:
+            entry.last = entry.prev = None
+        else:
+            old = (entry.last, entry.prev) if entry.last is not None else None
+            entry.prev = _previous_for(point, old, 0.0)  # nodes have no fresh-start shortcut
+            entry.last = point
+
+        resolution = self.resolution
+        old_pods = entry.pods
+        new_pods: dict[PodKey, dict[str, _Pair]] = {}
+        pod_node = self._pod_node
+        for key, containers in batch.pods.items():
+            old_containers = old_pods.get(key)
+            pairs: dict[str, _Pair] = {}
+            for name, new in containers.items():
+                old = old_containers.get(name) if old_containers is not None else None
+                pairs[name] = (new, _previous_for(new, old, resolution))
+            new_pods[key] = pairs
+            pod_node[key] = node
+        for key in old_pods.keys() - new_pods.keys():
+            if pod_node.get(key) == node:
+                del pod_node[key]
+        entry.pods = new_pods
+
+    def forget_node(self, node: str) -> None:
+        entry = self._nodes.pop(node, None)
+        if entry is None:
+            return
+        for key in entry.pods:
+            if self._pod_node.get(key) == node:
+                del self._pod_node[key]
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop nodes whose newest readings are older than ``max_age``; return their names."""
+        now = time.monotonic() if now is None else now
+        stale = [n for n, e in self._nodes.items() if now - e.received > self.max_age]
+        for node in stale:
+            self.forget_node(node)
+        return stale
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _fresh_entry(self, node: str, now: float) -> _NodeEntry | None:
+        entry = self._nodes.get(node)
+        if entry is None or now - entry.received > self.max_age:
+            return None
+        return entry
+
+    def node_usage(self, node: str, now: float | None = None) -> Usage | None:
+        entry = self._fresh_entry(node, time.monotonic() if now is None else now)
+        if entry is None or entry.last is None or entry.prev is None:
+            return None
+        return _usage(entry.last, entry.prev)
+
+    def pod_usage(self, namespace: str, name: str, now: float | None = None) -> PodUsage | None:
+        """Usage of every container of a pod, or None unless every container has a usable rate."""
+        key = (namespace, name)
+        node = self._pod_node.get(key)
+        if node is None:
+            return None
+        entry = self._fresh_entry(node, time.monotonic() if now is None else now)
+        if entry is None:
+            return None
+        pairs = entry.pods.get(key)
+        if not pairs:
+            return None
+        containers: list[tuple[str, Usage]] = []
+        timestamp = window = 0.0
+        for cname, (last, prev) in pairs.items():
+            if prev is None:
+                return None
+            usage = _usage(last, prev)
+            if usage is None:
+                return None
+            containers.append((cname, usage))
+            # The pod's timestamp is its oldest container reading: no part of it is newer.
+            if timestamp == 0.0 or usage.timestamp < timestamp:
+                timestamp, window = usage.timestamp, usage.window
+        return PodUsage(timestamp, window, containers)
+
+    def ready(self) -> bool:
+        """True once at least one node or pod can be served."""
+        now = time.monotonic()
+        for node in self._nodes:
+            if self.node_usage(node, now) is not None:
+                return True
+        return any(self.pod_usage(ns, name, now) is not None for ns, name in self._pod_node)
+
+    def stats(self) -> tuple[int, int, int]:
+        """(nodes, pods, stored readings) — for our own metrics."""
+        points = 0
+        for entry in self._nodes.values():
+            points += (entry.last is not None) + (entry.prev is not None)
+            for pairs in entry.pods.values():
+                for _, prev in pairs.values():
+                    points += 1 + (prev is not None)
+        return len(self._nodes), len(self._pod_node), points

@@ -1,0 +1,149 @@
+"""ResourceStore: metrics-server's last/previous semantics, restarts, staleness."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kcms.model import NodeBatch, ResourcePoint
+from kcms.store.resource import ResourceStore
+
+GiB = 1024**3
+
+
+def batch(node: str, t: float, node_cpu_s: float | None, pods: dict | None = None) -> NodeBatch:
+    b = NodeBatch(node)
+    if node_cpu_s is not None:
+        b.node_point = ResourcePoint(0.0, t, int(node_cpu_s * 1e9), 2 * GiB)
+    for key, containers in (pods or {}).items():
+        b.pods[key] = {
+            name: ResourcePoint(start, t, int(cpu_s * 1e9), mem) for name, (start, cpu_s, mem) in containers.items()
+        }
+    return b
+
+
+def test_node_rate_is_delta_over_window():
+    s = ResourceStore(15.0)
+    s.store(batch("n1", 1000.0, 100.0), received=0.0)
+    assert s.node_usage("n1", now=0.0) is None  # one reading: no rate yet
+    assert not s.ready()
+    s.store(batch("n1", 1015.0, 103.0), received=15.0)
+    u = s.node_usage("n1", now=15.0)
+    assert u is not None
+    assert u.window == 15.0
+    assert u.cpu_nanocores == 200_000_000  # 3 core-seconds over 15 s
+    assert u.memory == 2 * GiB
+    assert u.timestamp == 1015.0
+
+
+def test_repeated_reading_keeps_previous_pair():
+    s = ResourceStore(15.0)
+    s.store(batch("n1", 1000.0, 100.0), received=0.0)
+    s.store(batch("n1", 1015.0, 103.0), received=15.0)
+    # The kubelet had nothing new: same timestamp again. The rate stays the earlier one.
+    s.store(batch("n1", 1015.0, 103.0), received=30.0)
+    u = s.node_usage("n1", now=30.0)
+    assert u is not None and u.window == 15.0 and u.cpu_nanocores == 200_000_000
+
+
+def test_container_restart_never_gives_negative_or_inflated_rate():
+    s = ResourceStore(15.0)
+    key = ("default", "web")
+    s.store(batch("n1", 1000.0, 1.0, {key: {"app": (500.0, 50.0, 4096)}}), received=0.0)
+    s.store(batch("n1", 1015.0, 2.0, {key: {"app": (500.0, 51.5, 4096)}}), received=15.0)
+    p = s.pod_usage(*key, now=15.0)
+    assert p is not None and p.containers[0][1].cpu_nanocores == 100_000_000
+    # Restarted long ago enough: new start time, counter back near zero.
+    s.store(batch("n1", 1030.0, 3.0, {key: {"app": (1000.0, 0.5, 4096)}}), received=30.0)
+    assert s.pod_usage(*key, now=30.0) is None  # no pair of the same start yet
+    s.store(batch("n1", 1045.0, 4.0, {key: {"app": (1000.0, 2.0, 4096)}}), received=45.0)
+    p = s.pod_usage(*key, now=45.0)
+    assert p is not None and p.containers[0][1].cpu_nanocores == 100_000_000
+
+
+def test_counter_reset_with_same_start_is_not_served():
+    s = ResourceStore(15.0)
+    key = ("default", "web")
+    s.store(batch("n1", 1000.0, 1.0, {key: {"app": (500.0, 50.0, 4096)}}), received=0.0)
+    s.store(batch("n1", 1015.0, 2.0, {key: {"app": (500.0, 10.0, 4096)}}), received=15.0)
+    assert s.pod_usage(*key, now=15.0) is None
+
+
+def test_fresh_container_is_served_after_one_reading():
+    s = ResourceStore(15.0)
+    key = ("default", "new")
+    # started 12 s before its first reading, used 1.2 core-seconds since: 0.1 cores.
+    s.store(batch("n1", 1012.0, 1.0, {key: {"app": (1000.0, 1.2, 8192)}}), received=0.0)
+    p = s.pod_usage(*key, now=0.0)
+    assert p is not None
+    assert p.window == 12.0
+    assert p.containers[0][1].cpu_nanocores == 100_000_000
+    # Too young (under 10 s): not served from a single reading.
+    s.store(batch("n2", 1012.0, 1.0, {("default", "newer"): {"app": (1005.0, 0.7, 8192)}}), received=0.0)
+    assert s.pod_usage("default", "newer", now=0.0) is None
+
+
+def test_pod_needs_every_container():
+    s = ResourceStore(15.0)
+    key = ("default", "two")
+    s.store(batch("n1", 1000.0, 1.0, {key: {"a": (1.0, 1.0, 4096)}}), received=0.0)
+    s.store(batch("n1", 1015.0, 2.0, {key: {"a": (1.0, 2.0, 4096), "b": (1.0, 1.0, 4096)}}), received=15.0)
+    assert s.pod_usage(*key, now=15.0) is None  # b has one reading only
+    s.store(batch("n1", 1030.0, 3.0, {key: {"a": (1.0, 3.0, 4096), "b": (1.0, 1.5, 4096)}}), received=30.0)
+    p = s.pod_usage(*key, now=30.0)
+    assert p is not None and [c for c, _ in p.containers] == ["a", "b"]
+
+
+def test_silent_node_ages_out_and_is_never_frozen():
+    s = ResourceStore(15.0)  # max_age defaults to two resolutions
+    key = ("default", "web")
+    s.store(batch("n1", 1000.0, 1.0, {key: {"app": (1.0, 1.0, 4096)}}), received=0.0)
+    s.store(batch("n1", 1015.0, 2.0, {key: {"app": (1.0, 2.0, 4096)}}), received=15.0)
+    assert s.node_usage("n1", now=40.0) is not None
+    assert s.node_usage("n1", now=46.0) is None  # older than 30 s: not served even before GC
+    assert s.pod_usage(*key, now=46.0) is None
+    assert s.expire(now=46.0) == ["n1"]
+    assert s.stats() == (0, 0, 0)
+
+
+def test_pod_leaving_a_node_is_forgotten_and_can_move():
+    s = ResourceStore(15.0)
+    key = ("default", "web")
+    s.store(batch("n1", 1000.0, 1.0, {key: {"app": (1.0, 1.0, 4096)}}), received=0.0)
+    s.store(batch("n1", 1015.0, 2.0, {}), received=15.0)
+    assert s.pod_usage(*key, now=15.0) is None
+    s.store(batch("n2", 1015.0, 2.0, {key: {"app": (1.0, 1.0, 4096)}}), received=15.0)
+    s.store(batch("n2", 1030.0, 3.0, {key: {"app": (1.0, 2.5, 4096)}}), received=30.0)
+    s.store(batch("n1", 1030.0, 3.0, {}), received=30.0)  # n1 must not take the pod away from n2
+    p = s.pod_usage(*key, now=30.0)
+    assert p is not None and p.containers[0][1].cpu_nanocores == 100_000_000
+
+
+segments = st.lists(
+    st.tuples(
+        st.floats(min_value=0.0, max_value=8.0, allow_nan=False),  # true rate, cores
+        st.integers(min_value=1, max_value=6),  # readings in this container start
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments, st.floats(min_value=1.0, max_value=60.0))
+def test_served_rate_is_a_true_rate_across_restarts(segs, step):
+    """Whatever restarts happen, a served rate is the true rate of the current start, never more."""
+    s = ResourceStore(15.0)
+    key = ("ns", "p")
+    t = 10_000.0
+    for rate, readings in segs:
+        start = t - 50.0  # a distinct start time per segment (t only grows), well in the past
+        for _ in range(readings):
+            cpu = rate * (t - start)
+            s.store(batch("n", t, None, {key: {"c": (start, cpu, 4096)}}), received=0.0)
+            p = s.pod_usage(*key, now=0.0)
+            if p is not None:
+                got = p.containers[0][1].cpu_nanocores
+                assert p.window > 0
+                assert abs(got - rate * 1e9) <= 2 + rate * 1e9 * 1e-9
+            t += step
