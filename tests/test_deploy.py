@@ -1,10 +1,12 @@
 """The deployment files: kustomize manifests under deploy/, the Dockerfile and .dockerignore.
 
-Manifests are rendered with the real ``kubectl kustomize`` and also read directly with PyYAML, then
-checked for internal consistency (APIService -> Service -> Deployment pods -> container port, RBAC
-subjects and role references, probes, security context), validated field by field against the
-official Kubernetes Python client's models, and every container flag is checked against what
-``python -m kcms <sub-command> --help`` actually accepts.
+Every overlay is rendered with the real ``kubectl kustomize`` (the base is also read with PyYAML and
+must render unchanged), validated field by field against the official Kubernetes client's models, and
+checked for consistency: APIService -> Service -> pods -> container port, RBAC subjects and role
+references, probes, security context, TLS files. Container flags are checked against what
+``python -m kcms <sub-command> --help`` accepts, and the Deployment's own args are run for real against
+a simulated kubelet and probed over HTTPS the way the kubelet probes. The Dockerfile and .dockerignore
+are checked statically (no container engine here).
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
+import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,37 +51,16 @@ PROBE_PATHS = {"livenessProbe": "/livez", "readinessProbe": "/readyz"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
 
 # Flags a metrics-server user may already pass; `kcms standalone` must accept all of them.
-METRICS_SERVER_FLAGS = [
-    "--kubeconfig",
-    "--metric-resolution",
-    "--kubelet-port",
-    "--kubelet-use-node-status-port",
-    "--kubelet-preferred-address-types",
-    "--kubelet-insecure-tls",
-    "--kubelet-certificate-authority",
-    "--kubelet-client-certificate",
-    "--kubelet-client-key",
-    "--kubelet-request-timeout",
-    "--node-selector",
-    "--secure-port",
-    "--bind-address",
-    "--cert-dir",
-    "--tls-cert-file",
-    "--tls-private-key-file",
-    "--tls-min-version",
-    "--authentication-kubeconfig",
-    "--authorization-kubeconfig",
-    "--authentication-skip-lookup",
-    "--client-ca-file",
-    "--requestheader-client-ca-file",
-    "--requestheader-allowed-names",
-    "--requestheader-username-headers",
-    "--requestheader-group-headers",
-    "--requestheader-extra-headers-prefix",
-    "--authorization-always-allow-paths",
-    "-v",
-    "--kubelet-endpoint",
-]
+METRICS_SERVER_FLAGS = """
+    --kubeconfig --metric-resolution --kubelet-port --kubelet-use-node-status-port
+    --kubelet-preferred-address-types --kubelet-insecure-tls --kubelet-certificate-authority
+    --kubelet-client-certificate --kubelet-client-key --kubelet-request-timeout --node-selector
+    --secure-port --bind-address --cert-dir --tls-cert-file --tls-private-key-file --tls-min-version
+    --authentication-kubeconfig --authorization-kubeconfig --authentication-skip-lookup --client-ca-file
+    --requestheader-client-ca-file --requestheader-allowed-names --requestheader-username-headers
+    --requestheader-group-headers --requestheader-extra-headers-prefix --authorization-always-allow-paths
+    -v --kubelet-endpoint
+""".split()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -238,7 +225,9 @@ def test_apiservice_tls_verification_is_configured_once(overlay: Path) -> None:
         has_ca = bool(api["spec"].get("caBundle")) or injected
         assert skip != has_ca, api["spec"]
         if injected:
-            namespace, _, name = api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].partition("/")
+            namespace, _, name = api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].partition(
+                "/"
+            )
             certificate = only(render(overlay), "Certificate", name)
             assert certificate["metadata"]["namespace"] == namespace
             service = api["spec"]["service"]
@@ -284,7 +273,9 @@ def test_workload_selector_matches_its_pod_labels(overlay: Path) -> None:
 @overlay_param
 def test_service_account_exists(overlay: Path) -> None:
     objects = render(overlay)
-    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "ServiceAccount")}
+    accounts = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(objects, "ServiceAccount")
+    }
     for workload in workloads(objects):
         name = workload["spec"]["template"]["spec"].get("serviceAccountName")
         assert name, "pods must not run as the namespace's default ServiceAccount"
@@ -307,7 +298,8 @@ def test_bindings_bind_our_account_to_known_roles(overlay: Path) -> None:
             assert ref["kind"] == "ClusterRole", "a ClusterRoleBinding can only refer to a ClusterRole"
         # A Role referred to by a RoleBinding must live in the binding's namespace.
         namespace = binding["metadata"]["namespace"] if ref["kind"] == "Role" else ""
-        known = (ref["kind"], namespace, ref["name"]) in defined or (ref["kind"], ref["name"]) in BUILTIN_ROLES
+        builtin = (ref["kind"], ref["name"]) in BUILTIN_ROLES
+        known = builtin or (ref["kind"], namespace, ref["name"]) in defined
         assert known, f"{binding['metadata']['name']} refers to unknown {ref['kind']} {ref['name']}"
 
 
@@ -387,13 +379,10 @@ def test_security_context(overlay: Path) -> None:
         assert not pod.get("hostNetwork") and not pod.get("hostPID")
         for container in containers(workload):
             ctx = container.get("securityContext", {})
-
-            def effective(field: str, ctx: dict[str, Any] = ctx) -> Any:
-                return ctx.get(field, pod_ctx.get(field))
-
-            assert effective("runAsNonRoot") is True
-            assert effective("runAsUser") == 1000
-            assert effective("seccompProfile") == {"type": "RuntimeDefault"}
+            effective = {**pod_ctx, **ctx}  # container settings override the pod's
+            assert effective.get("runAsNonRoot") is True
+            assert effective.get("runAsUser") == 1000
+            assert effective.get("seccompProfile") == {"type": "RuntimeDefault"}
             assert ctx.get("readOnlyRootFilesystem") is True
             assert ctx.get("allowPrivilegeEscalation") is False
             assert ctx.get("privileged", False) is False
@@ -474,6 +463,7 @@ def cli_flags(subcommand: str) -> frozenset[str]:
         timeout=60,
         cwd=REPO,
         check=False,
+        env={**os.environ, "COLUMNS": "1000"},  # no flag names broken across lines
     )
     assert proc.returncode == 0, f"`python -m kcms {subcommand} --help` failed:\n{proc.stdout}\n{proc.stderr}"
     flags = frozenset(_FLAG.findall(proc.stdout))
@@ -577,7 +567,9 @@ def _ignored(path: str, patterns: list[str]) -> bool:
         pattern = pattern.lstrip("!").strip("/")
         parts = path.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, pattern.removeprefix("**/")) for p in prefixes):
+        if any(
+            fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, pattern.removeprefix("**/")) for p in prefixes
+        ):
             ignored = not negate
     return ignored
 
@@ -599,6 +591,7 @@ def test_image_contents_suffice_to_run_the_cli(tmp_path: Path) -> None:
     _require_cli()
     for source in _copied_sources():
         src = REPO / source
+        assert src.exists(), f"the Dockerfile copies {source}, which does not exist"
         if src.is_dir():
             shutil.copytree(src, tmp_path / source, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -615,3 +608,93 @@ def test_image_contents_suffice_to_run_the_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[0].startswith(str(tmp_path)), "ran the repo's kcms, not the copy"
     assert "--secure-port" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# the probes against a real `kcms standalone` started with the Deployment's own args
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_for(condition, what: str, procs: list[subprocess.Popen], timeout: float = 30) -> None:
+    """Poll condition() until true; fail early if one of procs exits."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"{proc.args[:4]} exited with {proc.returncode} before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
+        time.sleep(0.2)
+
+
+def test_probes_succeed_against_a_running_server(tmp_path: Path) -> None:
+    """Run the Deployment's own args against a simulated kubelet, then probe as the kubelet would.
+
+    Only what cannot work off-cluster is swapped: the port, the cert dir, and the inventory (a file
+    written by `kcms simulate` instead of the Kubernetes API). The node's kubelet listens on its own
+    port, which the inventory carries in status.daemonEndpoints, so --kubelet-use-node-status-port
+    and --kubelet-preferred-address-types are exercised as they are in a cluster.
+    """
+    _require_cli()
+    container = only(render(DEPLOY / "overlays" / "standalone"), "Deployment", "kcms")
+    container = container["spec"]["template"]["spec"]["containers"][0]
+    inventory, kubelet_ca = tmp_path / "inventory.json", tmp_path / "kubelet-ca.pem"
+    sim_args = ["simulate", "--nodes=1", "--pods-per-node=2", "--one-port-per-node"]
+    sim_args += [f"--write-inventory={inventory}", f"--ca-out={kubelet_ca}"]
+    port = _free_port()
+    args = [a for a in container["args"] if not a.startswith(("--secure-port", "--cert-dir"))]
+    args += [f"--secure-port={port}", f"--cert-dir={tmp_path}", "--bind-address=127.0.0.1"]
+    args += [f"--inventory-file={inventory}", f"--kubelet-certificate-authority={kubelet_ca}"]
+    procs: list[subprocess.Popen] = []
+    try:
+        with (tmp_path / "sim.log").open("wb") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "kcms", *sim_args], stdout=out, stderr=out))
+        _wait_for(lambda: kubelet_ca.exists() and _is_json(inventory), "inventory", procs)
+        with (tmp_path / "kcms.log").open("wb") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "kcms", *args], stdout=out, stderr=out))
+        for probe_name in PROBE_PATHS:
+            get = container[probe_name]["httpGet"]
+            url = f"{get['scheme'].lower()}://127.0.0.1:{port}{get['path']}"
+            _wait_for(lambda url=url: 200 <= _status(url) < 400, f"success of {url}", procs)
+        # Control: the same anonymous client is refused on the API, so the probes' success means something.
+        assert _status(f"https://127.0.0.1:{port}/apis/metrics.k8s.io/v1beta1/nodes") in (401, 403)
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def _is_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _status(url: str) -> int:
+    """Status of an unauthenticated GET that does not verify the certificate, as a kubelet probe does.
+
+    0 if the server does not answer (yet).
+    """
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
