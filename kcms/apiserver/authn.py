@@ -15,6 +15,7 @@ verified chain.
 from __future__ import annotations
 
 import logging
+import time
 import urllib.parse
 import weakref
 from collections.abc import Iterable
@@ -26,6 +27,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from kcms.model import UserInfo
+
+from .metrics import SPOOFED_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,10 @@ def resolve(opts: AuthnOptions, configmap: dict[str, Any] | None = None) -> Reso
         client_ca_pems=client,
         requestheader_ca_pems=rh,
         allowed_names=_as_list(cm.get("requestheader-allowed-names")) if rh else [],
-        username_headers=_as_list(cm.get("requestheader-username-headers")) or list(opts.requestheader_username_headers),
-        group_headers=_as_list(cm.get("requestheader-group-headers")) or list(opts.requestheader_group_headers),
+        username_headers=_as_list(cm.get("requestheader-username-headers"))
+        or list(opts.requestheader_username_headers),
+        group_headers=_as_list(cm.get("requestheader-group-headers"))
+        or list(opts.requestheader_group_headers),
         extra_prefixes=_as_list(cm.get("requestheader-extra-headers-prefix"))
         or list(opts.requestheader_extra_headers_prefix),
         uid_headers=_as_list(cm.get("requestheader-uid-headers")) or list(opts.requestheader_uid_headers),
@@ -160,20 +165,43 @@ class AuthnResult:
 def _add_authenticated(user: UserInfo) -> UserInfo:
     if AUTHENTICATED_GROUP in user.groups:
         return user
-    return UserInfo(name=user.name, uid=user.uid, groups=(*user.groups, AUTHENTICATED_GROUP), extra=user.extra)
+    return UserInfo(
+        name=user.name, uid=user.uid, groups=(*user.groups, AUTHENTICATED_GROUP), extra=user.extra
+    )
 
 
 class Authenticator:
     """Authenticates aiohttp requests arriving over TLS."""
 
-    def __init__(self, config: ResolvedAuthn, token_reviewer: TokenAuthenticator | None, allow_anonymous: bool):
-        self.config = config
+    def __init__(
+        self, config: ResolvedAuthn, token_reviewer: TokenAuthenticator | None, allow_anonymous: bool
+    ) -> None:
         self.token_reviewer = token_reviewer
         self.allow_anonymous = allow_anonymous
-        self._rh_cas = load_ca_certs(config.requestheader_ca_pems)
-        self._client_cas = load_ca_certs(config.client_ca_pems)
+        self._last_warning = -1e9
+        self.update(config)
+
+    def update(self, config: ResolvedAuthn) -> None:
+        """Use a new configuration (CAs, allowed names, headers); raises ValueError on unparseable CAs.
+
+        Connections already open are re-evaluated against the new CAs on their next request.
+        """
+        rh_cas = load_ca_certs(config.requestheader_ca_pems)
+        client_cas = load_ca_certs(config.client_ca_pems)
+        self.config = config
+        self._rh_cas = rh_cas
+        self._client_cas = client_cas
         self._allowed = set(config.allowed_names)
         self._peers: weakref.WeakKeyDictionary[Any, PeerCert | None] = weakref.WeakKeyDictionary()
+
+    def _warn(self, msg: str, *args: Any) -> None:
+        """Log a rejected request-header identity: a warning at most every 10 s, debug in between."""
+        now = time.monotonic()
+        if now - self._last_warning >= 10.0:
+            self._last_warning = now
+            log.warning(msg, *args)
+        else:
+            log.debug(msg, *args)
 
     def peer_cert(self, request: web.Request) -> PeerCert | None:
         """The verified client certificate of the request's connection, if any (cached per connection)."""
@@ -218,14 +246,16 @@ class Authenticator:
         if not name:
             return None
         if peer is None or not peer.from_requestheader_ca:
-            log.warning(
+            SPOOFED_HEADERS.inc()
+            self._warn(
                 "ignoring request-header identity %r from %s: no client certificate from the request-header CA",
                 name,
                 request.remote,
             )
             return None
         if self._allowed and peer.common_name not in self._allowed:
-            log.warning(
+            SPOOFED_HEADERS.inc()
+            self._warn(
                 "ignoring request-header identity %r: front-proxy certificate CN %r is not in the allowed names",
                 name,
                 peer.common_name,

@@ -144,7 +144,11 @@ def _aggregated_resources(gv: APIGroupVersion) -> list[dict[str, Any]]:
             continue
         entry: dict[str, Any] = {
             "resource": name,
-            "responseKind": {"group": r.get("group", ""), "version": r.get("version", ""), "kind": r.get("kind", "")},
+            "responseKind": {
+                "group": r.get("group", ""),
+                "version": r.get("version", ""),
+                "kind": r.get("kind", ""),
+            },
             "scope": "Namespaced" if r.get("namespaced") else "Cluster",
             "singularResource": r.get("singularName", ""),
             "verbs": list(r.get("verbs", [])),
@@ -158,7 +162,11 @@ def _aggregated_resources(gv: APIGroupVersion) -> list[dict[str, Any]]:
             parents[parent].setdefault("subresources", []).append(
                 {
                     "subresource": sub,
-                    "responseKind": {"group": r.get("group", ""), "version": r.get("version", ""), "kind": r.get("kind", "")},
+                    "responseKind": {
+                        "group": r.get("group", ""),
+                        "version": r.get("version", ""),
+                        "kind": r.get("kind", ""),
+                    },
                     "verbs": list(r.get("verbs", [])),
                 }
             )

@@ -61,7 +61,9 @@ class Health:
                     ok, detail = self._run(c)
                     if ok:
                         return web.Response(text="ok", headers=headers)
-                    return web.Response(text=f"internal server error: {detail}\n", status=500, headers=headers)
+                    return web.Response(
+                        text=f"internal server error: {detail}\n", status=500, headers=headers
+                    )
             return web.Response(text="404 page not found\n", status=404, headers=headers)
         exclude = set(request.query.getall("exclude", []))
         verbose = "verbose" in request.query

@@ -31,8 +31,10 @@ def _full_path(gv: APIGroupVersion, path: str) -> str:
 
 
 def _route_operation(gv: APIGroupVersion, method: str, path: str) -> dict[str, Any]:
-    op_id = method.lower() + re.sub(r"[^A-Za-z0-9]", "", (gv.group + gv.version).title()) + re.sub(
-        r"[^A-Za-z0-9]", "", _PARAM.sub(lambda m: m.group(1).title(), path).title()
+    op_id = (
+        method.lower()
+        + re.sub(r"[^A-Za-z0-9]", "", (gv.group + gv.version).title())
+        + re.sub(r"[^A-Za-z0-9]", "", _PARAM.sub(lambda m: m.group(1).title(), path).title())
     )
     return {
         "description": f"{method} {path}",
@@ -42,12 +44,27 @@ def _route_operation(gv: APIGroupVersion, method: str, path: str) -> dict[str, A
         "tags": [re.sub(r"[^A-Za-z0-9]", "", gv.group.split(".")[0]) + "_" + gv.version],
         "operationId": op_id,
         "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
+        "x-kubernetes-action": _action(method, path),
     }
+
+
+def _action(method: str, path: str) -> str:
+    """kube's x-kubernetes-action: get for a named object, list for a collection."""
+    if method != "GET":
+        return _VERB_ACTIONS.get(method, method.lower())
+    return "get" if path.rstrip("/").endswith("}") else "list"
 
 
 def _path_params(path: str) -> list[dict[str, Any]]:
     return [
-        {"uniqueItems": True, "type": "string", "description": f"{name} of the object", "name": name, "in": "path", "required": True}
+        {
+            "uniqueItems": True,
+            "type": "string",
+            "description": f"{name} of the object",
+            "name": name,
+            "in": "path",
+            "required": True,
+        }
         for name in _PARAM.findall(path)
     ]
 
@@ -112,7 +129,9 @@ def _v3_parameter(p: dict[str, Any]) -> dict[str, Any]:
 
 def _v3_operation(op: dict[str, Any]) -> dict[str, Any]:
     produces = op.get("produces", ["application/json"])
-    out: dict[str, Any] = {k: v for k, v in op.items() if k not in ("consumes", "produces", "schemes", "parameters", "responses")}
+    out: dict[str, Any] = {
+        k: v for k, v in op.items() if k not in ("consumes", "produces", "schemes", "parameters", "responses")
+    }
     if "parameters" in op:
         out["parameters"] = [_v3_parameter(p) for p in op["parameters"]]
     responses: dict[str, Any] = {}
@@ -145,7 +164,14 @@ def v3_document(gv: APIGroupVersion) -> dict[str, Any]:
             "paths": dict(sorted(paths.items())),
             "components": {
                 "schemas": dict(sorted(copy.deepcopy(gv.openapi_definitions).items())),
-                "securitySchemes": {"BearerToken": {"type": "apiKey", "description": "Bearer Token authentication", "name": "authorization", "in": "header"}},
+                "securitySchemes": {
+                    "BearerToken": {
+                        "type": "apiKey",
+                        "description": "Bearer Token authentication",
+                        "name": "authorization",
+                        "in": "header",
+                    }
+                },
             },
         }
     )

@@ -34,7 +34,9 @@ class StatusError(Exception):
         return status_object(self.code, self.reason, self.message, self.details)
 
 
-def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_object(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A failure ``Status`` dict in the field order kube uses."""
     body: dict[str, Any] = {
         "kind": "Status",
@@ -215,11 +217,7 @@ def negotiate(accept: str | None) -> Rendering:
             if {"g", "v"} & mr.params.keys():
                 continue  # a versioned request for something we do not have
             return Rendering()
-        if (
-            as_ == "Table"
-            and mr.params.get("g") == "meta.k8s.io"
-            and mr.params.get("v") in ("v1", "v1beta1")
-        ):
+        if as_ == "Table" and mr.params.get("g") == "meta.k8s.io" and mr.params.get("v") in ("v1", "v1beta1"):
             return Rendering(table_version=mr.params["v"])
     raise not_acceptable()
 

@@ -43,7 +43,10 @@ def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[s
     """Write a self-signed serving certificate and its key (PEM) for localhost, 127.0.0.1 and
     ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
     for alt in alternate_names:
         try:
             ip: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(alt))
@@ -138,38 +141,71 @@ def _mtimes(*paths: str) -> tuple[float, ...]:
 
 
 class CertReloader:
-    """Polls the serving cert/key files and loads a changed pair into the live ``SSLContext``
-    (new connections then use it); a pair that does not load is logged and the old one kept."""
+    """Owns the server's TLS configuration and rebuilds it when its sources change.
 
-    def __init__(self, ctx: ssl.SSLContext, cert_file: str, key_file: str, interval: float = 3.0) -> None:
-        self.ctx = ctx
+    The listening socket keeps one ``SSLContext`` (:attr:`ctx`) whose SNI callback (OpenSSL calls it for
+    every ClientHello, with or without a server name) moves each new connection onto the current
+    context. A rebuild — serving cert/key files changed on disk (polled every ``interval`` seconds), or
+    new client CAs via :meth:`set_client_cas` — makes a whole new context, so new connections see the
+    new pair and trust the new CAs while established ones are untouched. A source that does not load is
+    logged and the previous context kept.
+    """
+
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        client_ca_pems: list[bytes],
+        min_version: str = "",
+        interval: float = 3.0,
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca_pems = list(client_ca_pems)
+        self.min_version = min_version
         self.interval = interval
         self.reloads = 0
         self.failures = 0
         self._seen = _mtimes(cert_file, key_file)
+        self.ctx = server_context(cert_file, key_file, self.client_ca_pems, min_version)
+        self.current = self.ctx
+        self.ctx.sni_callback = self._select
         self._task: asyncio.Task[None] | None = None
 
+    def _select(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        current = self.current
+        if current is not ctx:
+            sslobj.context = current
+
+    def _rebuild(self, client_ca_pems: list[bytes], what: str) -> bool:
+        try:
+            ctx = server_context(self.cert_file, self.key_file, client_ca_pems, self.min_version)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            self.failures += 1
+            log.error("%s did not load, keeping the previous TLS configuration: %s", what, e)
+            return False
+        self.current = ctx
+        self.client_ca_pems = list(client_ca_pems)
+        self.reloads += 1
+        log.info("TLS configuration reloaded (%s)", what)
+        return True
+
     def check(self) -> bool:
-        """Reload now if the files changed since the last look; True when a new pair was loaded."""
+        """Reload now if the cert/key files changed since the last look; True when a new pair is in use.
+
+        A failed load is retried only when the files change again (e.g. the key written after the cert).
+        """
         now = _mtimes(self.cert_file, self.key_file)
         if now == self._seen:
             return False
-        try:
-            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            probe.load_cert_chain(self.cert_file, self.key_file)
-            self.ctx.load_cert_chain(self.cert_file, self.key_file)
-        except (OSError, ssl.SSLError, ValueError) as e:
-            # keep the old pair; try again when the files change once more (e.g. key written after cert)
-            self.failures += 1
-            self._seen = now
-            log.error("serving certificate %s / %s did not load, keeping the old one: %s", self.cert_file, self.key_file, e)
-            return False
         self._seen = now
-        self.reloads += 1
-        log.info("reloaded serving certificate from %s", self.cert_file)
-        return True
+        return self._rebuild(self.client_ca_pems, f"serving certificate {self.cert_file} / {self.key_file}")
+
+    def set_client_cas(self, client_ca_pems: list[bytes]) -> bool:
+        """Trust these client CAs for new connections; True when the configuration changed."""
+        if list(client_ca_pems) == self.client_ca_pems:
+            return False
+        return self._rebuild(list(client_ca_pems), "client CA bundle")
 
     async def _run(self) -> None:
         while True:
