@@ -74,78 +74,178 @@ def _positive_int(text: str) -> int:
 
 def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("kubelet scraping (metrics-server flags)")
-    g.add_argument("--metric-resolution", type=parse_duration, default=15.0, metavar="DURATION",
-                   help="how often metrics are scraped from kubelets; at least 10s (default 15s)")
-    g.add_argument("--kubelet-port", type=_port, default=10250, help="the port kubelets serve on (default 10250)")
-    g.add_argument("--kubelet-use-node-status-port", action="store_true",
-                   help="use the port in the node's status.daemonEndpoints instead of --kubelet-port")
-    g.add_argument("--kubelet-preferred-address-types", type=_address_types, default=list(ADDRESS_TYPES),
-                   metavar="TYPES", help="node address types to connect to, in order "
-                   "(default Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP)")
-    g.add_argument("--kubelet-insecure-tls", action="store_true",
-                   help="do not verify kubelets' serving certificates (testing only)")
-    g.add_argument("--kubelet-certificate-authority", default="", metavar="FILE",
-                   help="CA bundle that kubelets' serving certificates chain to")
-    g.add_argument("--kubelet-client-certificate", default="", metavar="FILE",
-                   help="client certificate for talking to kubelets")
-    g.add_argument("--kubelet-client-key", default="", metavar="FILE", help="key of --kubelet-client-certificate")
-    g.add_argument("--kubelet-request-timeout", type=parse_duration, default=10.0, metavar="DURATION",
-                   help="cap on one kubelet request; the per-node deadline is min(this, 90%% of the resolution)")
-    g.add_argument("--kubelet-endpoint", choices=("resource", "summary"), default="resource",
-                   help="scrape /metrics/resource (default) or /stats/summary")
-    g.add_argument("--kubelet-max-body-bytes", type=_positive_int, default=10 * 1024 * 1024, metavar="BYTES",
-                   help="a kubelet response larger than this is refused and counted (default 10 MiB)")
-    g.add_argument("--kubelet-max-in-flight", type=_positive_int, default=200, metavar="N",
-                   help="kubelet requests in flight at once (default 200)")
-    g.add_argument("--node-selector", default="", metavar="SELECTOR",
-                   help="label selector: only nodes matching it are scraped and served")
+    g.add_argument(
+        "--metric-resolution",
+        type=parse_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="how often metrics are scraped from kubelets; at least 10s (default 15s)",
+    )
+    g.add_argument(
+        "--kubelet-port", type=_port, default=10250, help="the port kubelets serve on (default 10250)"
+    )
+    g.add_argument(
+        "--kubelet-use-node-status-port",
+        action="store_true",
+        help="use the port in the node's status.daemonEndpoints instead of --kubelet-port",
+    )
+    g.add_argument(
+        "--kubelet-preferred-address-types",
+        type=_address_types,
+        default=list(ADDRESS_TYPES),
+        metavar="TYPES",
+        help="node address types to connect to, in order "
+        "(default Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP)",
+    )
+    g.add_argument(
+        "--kubelet-insecure-tls",
+        action="store_true",
+        help="do not verify kubelets' serving certificates (testing only)",
+    )
+    g.add_argument(
+        "--kubelet-certificate-authority",
+        default="",
+        metavar="FILE",
+        help="CA bundle that kubelets' serving certificates chain to",
+    )
+    g.add_argument(
+        "--kubelet-client-certificate",
+        default="",
+        metavar="FILE",
+        help="client certificate for talking to kubelets",
+    )
+    g.add_argument(
+        "--kubelet-client-key", default="", metavar="FILE", help="key of --kubelet-client-certificate"
+    )
+    g.add_argument(
+        "--kubelet-request-timeout",
+        type=parse_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="cap on one kubelet request; the per-node deadline is min(this, 90%% of the resolution)",
+    )
+    g.add_argument(
+        "--kubelet-endpoint",
+        choices=("resource", "summary"),
+        default="resource",
+        help="scrape /metrics/resource (default) or /stats/summary",
+    )
+    g.add_argument(
+        "--kubelet-max-body-bytes",
+        type=_positive_int,
+        default=10 * 1024 * 1024,
+        metavar="BYTES",
+        help="a kubelet response larger than this is refused and counted (default 10 MiB)",
+    )
+    g.add_argument(
+        "--kubelet-max-in-flight",
+        type=_positive_int,
+        default=200,
+        metavar="N",
+        help="kubelet requests in flight at once (default 200)",
+    )
+    g.add_argument(
+        "--node-selector",
+        default="",
+        metavar="SELECTOR",
+        help="label selector: only nodes matching it are scraped and served",
+    )
 
 
 def add_kube_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kubernetes API")
-    g.add_argument("--kubeconfig", default="", metavar="FILE",
-                   help="kubeconfig of the cluster; default the in-cluster service account")
-    g.add_argument("--inventory-file", default="", metavar="FILE",
-                   help="read nodes and pods from a v1 List JSON file (as `kcms simulate --write-inventory` "
-                   "writes) instead of watching the Kubernetes API; for simulations")
+    g.add_argument(
+        "--kubeconfig",
+        default="",
+        metavar="FILE",
+        help="kubeconfig of the cluster; default the in-cluster service account",
+    )
+    g.add_argument(
+        "--inventory-file",
+        default="",
+        metavar="FILE",
+        help="read nodes and pods from a v1 List JSON file (as `kcms simulate --write-inventory` "
+        "writes) instead of watching the Kubernetes API; for simulations",
+    )
 
 
 def add_serving_flags(p: argparse.ArgumentParser, default_port: int = 443) -> None:
     g = p.add_argument_group("serving")
-    g.add_argument("--secure-port", type=_port, default=default_port,
-                   help=f"HTTPS port (default {default_port}; 0 picks a free one)")
+    g.add_argument(
+        "--secure-port",
+        type=_port,
+        default=default_port,
+        help=f"HTTPS port (default {default_port}; 0 picks a free one)",
+    )
     g.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    g.add_argument("--cert-dir", default="apiserver.local.config/certificates", metavar="DIR",
-                   help="where a self-signed pair is written when --tls-cert-file is not given")
-    g.add_argument("--tls-cert-file", default="", metavar="FILE", help="serving certificate (reloaded on change)")
+    g.add_argument(
+        "--cert-dir",
+        default="apiserver.local.config/certificates",
+        metavar="DIR",
+        help="where a self-signed pair is written when --tls-cert-file is not given",
+    )
+    g.add_argument(
+        "--tls-cert-file", default="", metavar="FILE", help="serving certificate (reloaded on change)"
+    )
     g.add_argument("--tls-private-key-file", default="", metavar="FILE", help="key of --tls-cert-file")
     g.add_argument("--tls-min-version", choices=TLS_VERSIONS, default="", help="minimum TLS version")
 
 
 def add_auth_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("delegated authentication and authorization")
-    g.add_argument("--authentication-kubeconfig", default="", metavar="FILE",
-                   help="kubeconfig for TokenReview and the extension-apiserver-authentication lookup")
-    g.add_argument("--authorization-kubeconfig", default="", metavar="FILE",
-                   help="kubeconfig for SubjectAccessReview")
-    g.add_argument("--authentication-skip-lookup", action="store_true",
-                   help="do not read kube-system/extension-apiserver-authentication")
-    g.add_argument("--client-ca-file", default="", metavar="FILE",
-                   help="accept client certificates signed by this CA (user = CN, groups = O)")
-    g.add_argument("--requestheader-client-ca-file", default="", metavar="FILE",
-                   help="CA of the front proxy (the aggregator) whose requests carry the user in headers")
-    g.add_argument("--requestheader-allowed-names", type=_csv, default=[], metavar="NAMES",
-                   help="front-proxy certificate common names allowed; empty = any")
-    g.add_argument("--requestheader-username-headers", type=_csv, default=["X-Remote-User"], metavar="HEADERS")
+    g.add_argument(
+        "--authentication-kubeconfig",
+        default="",
+        metavar="FILE",
+        help="kubeconfig for TokenReview and the extension-apiserver-authentication lookup",
+    )
+    g.add_argument(
+        "--authorization-kubeconfig", default="", metavar="FILE", help="kubeconfig for SubjectAccessReview"
+    )
+    g.add_argument(
+        "--authentication-skip-lookup",
+        action="store_true",
+        help="do not read kube-system/extension-apiserver-authentication",
+    )
+    g.add_argument(
+        "--client-ca-file",
+        default="",
+        metavar="FILE",
+        help="accept client certificates signed by this CA (user = CN, groups = O)",
+    )
+    g.add_argument(
+        "--requestheader-client-ca-file",
+        default="",
+        metavar="FILE",
+        help="CA of the front proxy (the aggregator) whose requests carry the user in headers",
+    )
+    g.add_argument(
+        "--requestheader-allowed-names",
+        type=_csv,
+        default=[],
+        metavar="NAMES",
+        help="front-proxy certificate common names allowed; empty = any",
+    )
+    g.add_argument(
+        "--requestheader-username-headers", type=_csv, default=["X-Remote-User"], metavar="HEADERS"
+    )
     g.add_argument("--requestheader-group-headers", type=_csv, default=["X-Remote-Group"], metavar="HEADERS")
-    g.add_argument("--requestheader-extra-headers-prefix", type=_csv, default=["X-Remote-Extra-"],
-                   metavar="PREFIXES")
-    g.add_argument("--authorization-always-allow-paths", type=_csv, default=["/healthz", "/readyz", "/livez"],
-                   metavar="PATHS", help="paths served without authorization (default /healthz,/readyz,/livez)")
+    g.add_argument(
+        "--requestheader-extra-headers-prefix", type=_csv, default=["X-Remote-Extra-"], metavar="PREFIXES"
+    )
+    g.add_argument(
+        "--authorization-always-allow-paths",
+        type=_csv,
+        default=["/healthz", "/readyz", "/livez"],
+        metavar="PATHS",
+        help="paths served without authorization (default /healthz,/readyz,/livez)",
+    )
 
 
 def add_logging_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)")
+    p.add_argument(
+        "-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)"
+    )
 
 
 def validate_kubelet_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -181,9 +281,17 @@ def _check_files(p: argparse.ArgumentParser, args: argparse.Namespace, names: Se
 
 
 FILE_FLAGS = (
-    "kubeconfig", "inventory_file", "kubelet_certificate_authority", "kubelet_client_certificate",
-    "kubelet_client_key", "tls_cert_file", "tls_private_key_file", "authentication_kubeconfig",
-    "authorization_kubeconfig", "client_ca_file", "requestheader_client_ca_file",
+    "kubeconfig",
+    "inventory_file",
+    "kubelet_certificate_authority",
+    "kubelet_client_certificate",
+    "kubelet_client_key",
+    "tls_cert_file",
+    "tls_private_key_file",
+    "authentication_kubeconfig",
+    "authorization_kubeconfig",
+    "client_ca_file",
+    "requestheader_client_ca_file",
 )
 
 
@@ -192,8 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kcms {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("standalone", help="collector, store and API server in one process (metrics-server drop-in)",
-                       description="Scrape kubelets and serve metrics.k8s.io, as metrics-server does.")
+    p = sub.add_parser(
+        "standalone",
+        help="collector, store and API server in one process (metrics-server drop-in)",
+        description="Scrape kubelets and serve metrics.k8s.io, as metrics-server does.",
+    )
     add_kube_flags(p)
     add_kubelet_flags(p)
     add_serving_flags(p)
@@ -206,25 +317,44 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(p)
     add_logging_flags(p)
 
-    p = sub.add_parser("demo", help="a simulated cluster plus the whole pipeline, serving on 127.0.0.1",
-                       description="Start simulated kubelets and a standalone pipeline on loopback; no cluster and "
-                       "no credentials needed (anonymous reads, 127.0.0.1 only).")
+    p = sub.add_parser(
+        "demo",
+        help="a simulated cluster plus the whole pipeline, serving on 127.0.0.1",
+        description="Start simulated kubelets and a standalone pipeline on loopback; no cluster and "
+        "no credentials needed (anonymous reads, 127.0.0.1 only).",
+    )
     p.add_argument("--secure-port", type=_port, default=8443, help="HTTPS port on 127.0.0.1 (default 8443)")
     p.add_argument("--nodes", type=_positive_int, default=5, help="simulated nodes (default 5)")
     p.add_argument("--pods-per-node", type=_positive_int, default=6, help="pods per node (default 6)")
-    p.add_argument("--metric-resolution", type=parse_duration, default=15.0, metavar="DURATION",
-                   help="scrape period, at least 10s (default 15s)")
-    p.add_argument("--work-dir", default="", metavar="DIR",
-                   help="where the demo writes its kubeconfig and certificates (default a temporary dir)")
-    p.add_argument("--exit-after", type=parse_duration, default=0.0, metavar="DURATION",
-                   help="stop after this long (default: run until interrupted)")
+    p.add_argument(
+        "--metric-resolution",
+        type=parse_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="scrape period, at least 10s (default 15s)",
+    )
+    p.add_argument(
+        "--work-dir",
+        default="",
+        metavar="DIR",
+        help="where the demo writes its kubeconfig and certificates (default a temporary dir)",
+    )
+    p.add_argument(
+        "--exit-after",
+        type=parse_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="stop after this long (default: run until interrupted)",
+    )
     add_logging_flags(p)
     return parser
 
 
 def setup_logging(verbosity: int) -> None:
     level = logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 0 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname).1s %(name)s: %(message)s", stream=sys.stderr
+    )
     if verbosity < 4:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 

@@ -76,11 +76,13 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
 async def run_demo(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="kcms-demo-")
     os.makedirs(work_dir, exist_ok=True)
-    cluster = SimulatedCluster(nodes=args.nodes, pods_per_node=args.pods_per_node, one_port_per_node=True, seed=1)
+    cluster = SimulatedCluster(
+        nodes=args.nodes, pods_per_node=args.pods_per_node, one_port_per_node=True, seed=1
+    )
     await cluster.start()
     inventory = StaticInventory(cluster.inventory_objects())
     settings = demo_args(args)
-    kubelets = KubeletClient(kubelet_config(settings, extra_ca_pem=[cluster.ca_pem]))
+    kubelets = KubeletClient(kubelet_config(settings, extra_ca_pem=[cluster.ca_pem.decode()]))
     serving = ServingOptions(
         secure_port=args.secure_port, bind_address="127.0.0.1", cert_dir=os.path.join(work_dir, "certs")
     )
@@ -110,11 +112,17 @@ async def run_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
         for path in EXAMPLES:
-            path = path.format(node=next(iter(inventory.nodes())).name, namespace=pod.namespace,
-                               pod=pod.name, app=pod.labels.get("app", ""))
+            path = path.format(
+                node=next(iter(inventory.nodes())).name,
+                namespace=pod.namespace,
+                pod=pod.name,
+                app=pod.labels.get("app", ""),
+            )
             print(f"  kubectl --kubeconfig {kubeconfig} get --raw '{path}'", flush=True)
-        print(f"  curl --cacert {pipeline.server.serving_cert_file} https://127.0.0.1:{port}/readyz?verbose",
-              flush=True)
+        print(
+            f"  curl --cacert {pipeline.server.serving_cert_file} https://127.0.0.1:{port}/readyz?verbose",
+            flush=True,
+        )
         if args.exit_after:
             try:
                 await asyncio.wait_for(stop.wait(), args.exit_after)

@@ -5,8 +5,9 @@ Every folder may import from here; nothing here imports from the rest of the pac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Protocol
 
 
 @dataclass(slots=True)

@@ -19,7 +19,9 @@ from kcms.store.resource import ResourceStore
 log = logging.getLogger(__name__)
 
 
-def kubelet_config(args: argparse.Namespace, kube=None, extra_ca_pem: list[str] | None = None) -> KubeletClientConfig:
+def kubelet_config(
+    args: argparse.Namespace, kube=None, extra_ca_pem: list[str] | None = None
+) -> KubeletClientConfig:
     """Kubelet client settings from the flags; credentials default to the kubeconfig's, as in metrics-server."""
     cert = args.kubelet_client_certificate or None
     key = args.kubelet_client_key or None
@@ -162,7 +164,9 @@ async def run_standalone(args: argparse.Namespace) -> int:
         always_allow_paths=args.authorization_always_allow_paths,
     )
     kubelets = KubeletClient(kubelet_config(args, kube))
-    pipeline = build_pipeline(args, inventory, kubelets, serving_options(args), authn, authz, kube_client=authn_kube)
+    pipeline = build_pipeline(
+        args, inventory, kubelets, serving_options(args), authn, authz, kube_client=authn_kube
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

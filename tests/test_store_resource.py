@@ -17,7 +17,8 @@ def batch(node: str, t: float, node_cpu_s: float | None, pods: dict | None = Non
         b.node_point = ResourcePoint(0.0, t, int(node_cpu_s * 1e9), 2 * GiB)
     for key, containers in (pods or {}).items():
         b.pods[key] = {
-            name: ResourcePoint(start, t, int(cpu_s * 1e9), mem) for name, (start, cpu_s, mem) in containers.items()
+            name: ResourcePoint(start, t, int(cpu_s * 1e9), mem)
+            for name, (start, cpu_s, mem) in containers.items()
         }
     return b
 

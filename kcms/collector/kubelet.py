@@ -92,8 +92,11 @@ class KubeletClient:
     def url(self, node: NodeInfo) -> str:
         address = node_address(node, self.config.preferred_address_types)
         if address is None:
-            raise ScrapeError("no_address", f"node {node.name} has none of the address types "
-                              f"{','.join(self.config.preferred_address_types)}")
+            raise ScrapeError(
+                "no_address",
+                f"node {node.name} has none of the address types "
+                f"{','.join(self.config.preferred_address_types)}",
+            )
         port = self.config.port
         if self.config.use_node_status_port and node.kubelet_port:
             port = node.kubelet_port

@@ -96,7 +96,8 @@ class Collector:
     # -- the loop ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while not self.inventory.has_synced():
+        # The Inventory protocol offers only a has_synced() probe, so poll it.
+        while not self.inventory.has_synced():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         await self.run_cycle()
         await asyncio.sleep(FIRST_RESCRAPE_DELAY)

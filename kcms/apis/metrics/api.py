@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, respond
 from kcms.apis.metrics import convert
 from kcms.apis.metrics.openapi import DEFINITIONS
+from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, respond
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -18,7 +18,13 @@ from kcms.store.resource import ResourceStore
 FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
 RESOURCES = [
-    {"name": "nodes", "singularName": "", "namespaced": False, "kind": "NodeMetrics", "verbs": ["get", "list"]},
+    {
+        "name": "nodes",
+        "singularName": "",
+        "namespaced": False,
+        "kind": "NodeMetrics",
+        "verbs": ["get", "list"],
+    },
     {"name": "pods", "singularName": "", "namespaced": True, "kind": "PodMetrics", "verbs": ["get", "list"]},
 ]
 
@@ -123,7 +129,9 @@ class MetricsAPI:
         for node in nodes:
             if not labels.empty and not labels.matches(node.labels):
                 continue
-            if not fields.empty and not fields.matches({"metadata.name": node.name, "metadata.namespace": ""}):
+            if not fields.empty and not fields.matches(
+                {"metadata.name": node.name, "metadata.namespace": ""}
+            ):
                 continue
             usage = usage_of(node.name, now)
             if usage is not None:

@@ -1,0 +1,323 @@
+"""metrics.k8s.io end to end, in one process: simulated kubelets over TLS -> collector -> store ->
+aggregated API server, with nodes and pods from the fake API server's list+watch and delegated
+authn/authz through its TokenReview and SubjectAccessReview. Read with aiohttp, the real kubectl
+binary and the official kubernetes Python client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import shutil
+import ssl
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+import trustme
+
+from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
+from kcms.collector.kubelet import KubeletClient
+from kcms.kube.client import KubeClient
+from kcms.kube.inventory import KubeInventory
+from kcms.kube.reviews import AccessReviewer, TokenReviewer
+from kcms.quantity import parse_quantity
+from kcms.sim import SimulatedCluster
+from kcms.standalone import build_pipeline, kubelet_config
+
+KUBECTL = shutil.which("kubectl")
+BASE = "/apis/metrics.k8s.io/v1beta1"
+READER = "reader-token"
+
+
+def standalone_args(**over) -> SimpleNamespace:
+    args = dict(
+        metric_resolution=10.0,
+        kubelet_port=10250,
+        kubelet_use_node_status_port=True,
+        kubelet_preferred_address_types=["InternalIP"],
+        kubelet_insecure_tls=False,
+        kubelet_certificate_authority="",
+        kubelet_client_certificate="",
+        kubelet_client_key="",
+        kubelet_request_timeout=2.0,
+        kubelet_endpoint="resource",
+        kubelet_max_body_bytes=10 * 1024 * 1024,
+        kubelet_max_in_flight=50,
+        node_selector="",
+    )
+    args.update(over)
+    return SimpleNamespace(**args)
+
+
+class Env:
+    """A running in-process pipeline and what the tests need to talk to it."""
+
+    def __init__(self, sim, fake, pipeline, kube, inventory, tmp: Path) -> None:
+        self.sim, self.fake, self.pipeline, self.kube, self.inventory = sim, fake, pipeline, kube, inventory
+        self.port = pipeline.server.port
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ca_file = str(pipeline.server.serving_cert_file)
+        self.kubeconfig = tmp / "kcms.kubeconfig"
+        ca_data = base64.b64encode(Path(self.ca_file).read_bytes()).decode()
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "kcms",
+                            "cluster": {"server": self.url, "certificate-authority-data": ca_data},
+                        }
+                    ],
+                    "users": [{"name": "reader", "user": {"token": READER}}],
+                    "contexts": [{"name": "kcms", "context": {"cluster": "kcms", "user": "reader"}}],
+                    "current-context": "kcms",
+                }
+            )
+        )
+        self.ssl = ssl.create_default_context(cafile=self.ca_file)
+
+    async def get(self, path: str, token: str | None = READER, accept: str | None = "application/json"):
+        headers = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if accept:
+            headers["Accept"] = accept
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.url + path, headers=headers, ssl=self.ssl) as r:
+                text = await r.text()
+                if r.content_type == "application/json":
+                    return r.status, json.loads(text)
+                return r.status, text
+
+
+async def start_env(ca: trustme.CA, fake, tmp: Path, sim: SimulatedCluster, **args) -> Env:
+    for obj in sim.inventory_objects():
+        fake.upsert(obj)
+    fake.tokens[READER] = {"username": "reader", "uid": "42", "groups": ["readers"]}
+    kube = await KubeClient.load(str(fake.kubeconfig))
+    inventory = KubeInventory(kube)
+    await inventory.start()
+    settings = standalone_args(**args)
+    kubelets = KubeletClient(kubelet_config(settings, extra_ca_pem=[ca.cert_pem.bytes().decode()]))
+    pipeline = build_pipeline(
+        settings,
+        inventory,
+        kubelets,
+        ServingOptions(secure_port=0, bind_address="127.0.0.1", cert_dir=str(tmp / "certs")),
+        AuthnOptions(skip_lookup=True, token_reviewer=TokenReviewer(kube)),
+        AuthzOptions(access_reviewer=AccessReviewer(kube)),
+        kube_client=kube,
+    )
+    await pipeline.start()
+    env = Env(sim, fake, pipeline, kube, inventory, tmp)
+    return env
+
+
+async def stop_env(env: Env) -> None:
+    await env.pipeline.stop()
+    await env.inventory.stop()
+    await env.kube.close()
+
+
+async def wait_ready(env: Env, limit: float = 20.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        status, _ = await env.get("/readyz", token=None, accept=None)
+        if status == 200:
+            return time.monotonic() - t0
+        await asyncio.sleep(0.1)
+    raise AssertionError("pipeline not ready in time")
+
+
+@pytest.fixture
+async def env(ca, fake_kube, tmp_path):
+    sim = SimulatedCluster(
+        nodes=3, pods_per_node=4, containers_per_pod=(1, 3), seed=11, ca=ca, one_port_per_node=True
+    )
+    await sim.start()
+    e = await start_env(ca, fake_kube, tmp_path, sim)
+    try:
+        yield e
+    finally:
+        await stop_env(e)
+        await sim.stop()
+
+
+def cores(q: str) -> float:
+    return float(parse_quantity(q))
+
+
+async def test_values_are_the_true_rates_and_ready_within_seconds(env: Env):
+    ready_after = await wait_ready(env)
+    assert ready_after < 10.0  # two readings come ~2 s apart, not two resolutions
+    status, body = await env.get(f"{BASE}/nodes")
+    assert status == 200, body
+    assert body["kind"] == "NodeMetricsList" and body["apiVersion"] == "metrics.k8s.io/v1beta1"
+    names = {i["metadata"]["name"] for i in body["items"]}
+    assert names == set(env.sim.node_names())
+    for item in body["items"]:
+        true = env.sim.true_node_rate(item["metadata"]["name"])
+        assert cores(item["usage"]["cpu"]) == pytest.approx(true, rel=0.01)
+        assert item["usage"]["memory"].endswith("Ki") or item["usage"]["memory"].isdigit()
+        assert item["window"].endswith("s") and item["timestamp"].endswith("Z")
+        assert item["metadata"]["labels"]["kubernetes.io/hostname"] == item["metadata"]["name"]
+
+    status, body = await env.get(f"{BASE}/pods")
+    assert status == 200
+    pods = {(i["metadata"]["namespace"], i["metadata"]["name"]): i for i in body["items"]}
+    assert len(pods) == 12
+    for (ns, name), item in pods.items():
+        for c in item["containers"]:
+            true = env.sim.true_container_rate(ns, name, c["name"])
+            assert cores(c["usage"]["cpu"]) == pytest.approx(true, rel=0.01, abs=2e-9)
+            mem = int(parse_quantity(c["usage"]["memory"]))
+            assert mem == env.sim.memory_at(ns, name, c["name"], time.time()) or mem > 0
+
+
+async def test_single_objects_selectors_and_not_found(env: Env):
+    await wait_ready(env)
+    node = env.sim.node_names()[0]
+    status, body = await env.get(f"{BASE}/nodes/{node}")
+    assert status == 200 and body["kind"] == "NodeMetrics" and body["metadata"]["name"] == node
+
+    status, body = await env.get(f"{BASE}/nodes/no-such-node")
+    assert status == 404
+    assert body["kind"] == "Status" and body["reason"] == "NotFound" and body["code"] == 404
+    assert body["message"] == 'nodemetrics.metrics.k8s.io "no-such-node" not found'
+    assert body["details"] == {"name": "no-such-node", "group": "metrics.k8s.io", "kind": "nodemetrics"}
+
+    status, all_pods = await env.get(f"{BASE}/pods")
+    some = all_pods["items"][0]["metadata"]
+    ns, name, app = some["namespace"], some["name"], some["labels"]["app"]
+    status, body = await env.get(f"{BASE}/namespaces/{ns}/pods/{name}")
+    assert status == 200 and body["kind"] == "PodMetrics"
+    status, body = await env.get(f"{BASE}/namespaces/{ns}/pods/nope")
+    assert status == 404 and body["message"] == 'podmetrics.metrics.k8s.io "nope" not found'
+
+    status, body = await env.get(f"{BASE}/namespaces/{ns}/pods?labelSelector=app%3D{app}")
+    assert status == 200 and [i["metadata"]["name"] for i in body["items"]] == [name]
+    status, body = await env.get(f"{BASE}/namespaces/{ns}/pods?labelSelector=app%21%3D{app}")
+    assert name not in {i["metadata"]["name"] for i in body["items"]}
+    status, body = await env.get(f"{BASE}/pods?fieldSelector=metadata.namespace%3D{ns}")
+    assert {i["metadata"]["namespace"] for i in body["items"]} == {ns}
+    status, body = await env.get(f"{BASE}/nodes?fieldSelector=metadata.name%3D{node}")
+    assert [i["metadata"]["name"] for i in body["items"]] == [node]
+    status, body = await env.get(f"{BASE}/nodes?labelSelector=kubernetes.io%2Fhostname+in+%28{node}%29")
+    assert [i["metadata"]["name"] for i in body["items"]] == [node]
+
+    status, body = await env.get(f"{BASE}/pods?labelSelector=app+in+%28a")
+    assert status == 400 and body["reason"] == "BadRequest"
+    status, body = await env.get(f"{BASE}/pods?fieldSelector=spec.nodeName%3Dx")
+    assert status == 400 and "spec.nodeName" in body["message"]
+
+
+async def test_only_running_pods_and_watch_updates(env: Env):
+    await wait_ready(env)
+    status, body = await env.get(f"{BASE}/pods")
+    first = body["items"][0]["metadata"]
+    pod = copy.deepcopy(env.fake.get("pods", first["namespace"], first["name"]))
+    pod["status"]["phase"] = "Succeeded"
+    env.fake.upsert(pod)
+    for _ in range(50):  # the watch brings the change within moments
+        await asyncio.sleep(0.1)
+        status, body = await env.get(f"{BASE}/namespaces/{first['namespace']}/pods/{first['name']}")
+        if status == 404:
+            break
+    assert status == 404
+
+
+async def test_authn_and_authz_are_delegated(env: Env):
+    await wait_ready(env)
+    status, body = await env.get(f"{BASE}/nodes", token=None)
+    assert status == 401 and body["kind"] == "Status" and body["reason"] == "Unauthorized"
+    status, body = await env.get(f"{BASE}/nodes", token="bogus")
+    assert status == 401
+    env.fake.authorize = lambda spec: (spec["user"] != "reader", "reader may not")
+    status, body = await env.get(f"{BASE}/nodes", token=READER)
+    assert status == 403 and body["reason"] == "Forbidden"
+    sar = env.fake.access_reviews[-1]
+    attrs = sar["spec"]["resourceAttributes"]
+    assert attrs["group"] == "metrics.k8s.io" and attrs["resource"] == "nodes" and attrs["verb"] == "list"
+    # health endpoints need no credentials
+    status, _ = await env.get("/livez", token=None, accept=None)
+    assert status == 200
+
+
+async def test_failing_nodes_are_skipped_counted_and_age_out(env: Env):
+    await wait_ready(env)
+    names = env.sim.node_names()
+    env.sim.set_node_mode(names[0], "garbage")
+    env.sim.set_node_mode(names[1], "slow")
+    collector = env.pipeline.collector
+    t0 = time.monotonic()
+    failures = await collector.run_cycle()
+    assert failures == 2
+    assert time.monotonic() - t0 < collector.timeout + 2.0  # the slow node did not hold up the cycle
+    status, body = await env.get(f"{BASE}/nodes")
+    # still fresh readings from before: served until they age out, never frozen past max_age
+    assert {i["metadata"]["name"] for i in body["items"]} >= {names[2]}
+    # Older than max_age: gone. (The next cycle takes ~2 s because of the slow node.)
+    env.pipeline.store.max_age = 3.0
+    await asyncio.sleep(3.1)
+    await collector.run_cycle()
+    status, body = await env.get(f"{BASE}/nodes")
+    assert {i["metadata"]["name"] for i in body["items"]} == {names[2]}
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {READER}"}
+        async with s.get(env.url + "/metrics", headers=headers, ssl=env.ssl) as r:
+            text = await r.text()
+    assert f'kcms_kubelet_scrape_failures_total{{node="{names[0]}",reason="decode_malformed"}}' in text
+    assert f'kcms_kubelet_scrape_failures_total{{node="{names[1]}",reason="timeout"}}' in text
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
+async def test_kubectl_get_raw(env: Env):
+    await wait_ready(env)
+
+    def kubectl(*argv: str) -> dict:
+        out = subprocess.run(
+            [KUBECTL, "--kubeconfig", str(env.kubeconfig), *argv], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    body = await asyncio.to_thread(kubectl, "get", "--raw", f"{BASE}/nodes")
+    assert len(body["items"]) == 3
+    body = await asyncio.to_thread(kubectl, "get", "--raw", f"{BASE}/pods")
+    assert len(body["items"]) == 12
+    ns = body["items"][0]["metadata"]["namespace"]
+    app = body["items"][0]["metadata"]["labels"]["app"]
+    body = await asyncio.to_thread(
+        kubectl, "get", "--raw", f"{BASE}/namespaces/{ns}/pods?labelSelector=app%3D{app}"
+    )
+    assert [i["metadata"]["labels"]["app"] for i in body["items"]] == [app]
+    body = await asyncio.to_thread(kubectl, "get", "--raw", "/apis/metrics.k8s.io/v1beta1")
+    assert {r["name"] for r in body["resources"]} == {"nodes", "pods"}
+
+
+async def test_official_python_client(env: Env):
+    await wait_ready(env)
+    import kubernetes
+
+    def read() -> tuple[dict, dict, dict]:
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(env.kubeconfig), client_configuration=cfg)
+        with kubernetes.client.ApiClient(cfg) as api:
+            objs = kubernetes.client.CustomObjectsApi(api)
+            nodes = objs.list_cluster_custom_object("metrics.k8s.io", "v1beta1", "nodes")
+            pods = objs.list_cluster_custom_object("metrics.k8s.io", "v1beta1", "pods")
+            ns = pods["items"][0]["metadata"]["namespace"]
+            name = pods["items"][0]["metadata"]["name"]
+            one = objs.get_namespaced_custom_object("metrics.k8s.io", "v1beta1", ns, "pods", name)
+            return nodes, pods, one
+
+    nodes, pods, one = await asyncio.to_thread(read)
+    assert len(nodes["items"]) == 3 and len(pods["items"]) == 12
+    assert one["kind"] == "PodMetrics" and one["containers"]
