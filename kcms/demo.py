@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import logging
 import os
 import signal
 import tempfile
 from types import SimpleNamespace
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient
@@ -29,10 +35,61 @@ EXAMPLES = (
 )
 
 
-def write_kubeconfig(path: str, server: str, ca_file: str) -> None:
-    """A kubeconfig with no user: kubectl then sends no credentials, which the demo accepts."""
-    with open(ca_file, "rb") as f:
-        ca_data = base64.b64encode(f.read()).decode()
+def issue_client_certificate(work_dir: str, user: str = "demo-user") -> tuple[str, str, str]:
+    """A client CA and a certificate for ``user`` signed by it; returns (ca, cert, key) file paths.
+
+    kubectl prompts for a password when its kubeconfig names no credentials, so the demo hands
+    it a client certificate instead of relying on anonymous access.
+    """
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kcms-demo-client-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "demo"), x509.NameAttribute(NameOID.COMMON_NAME, user)]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = tuple(os.path.join(work_dir, n) for n in ("client-ca.crt", "client.crt", "client.key"))
+    pem = serialization.Encoding.PEM
+    with open(paths[0], "wb") as f:
+        f.write(ca.public_bytes(pem))
+    with open(paths[1], "wb") as f:
+        f.write(cert.public_bytes(pem))
+    fd = os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return paths  # type: ignore[return-value]
+
+
+def _b64(path: str) -> str:
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
+def write_kubeconfig(path: str, server: str, ca_file: str, cert_file: str, key_file: str) -> None:
+    """A kubeconfig for kubectl: trusts the demo's serving certificate, authenticates by client cert."""
+    ca_data = _b64(ca_file)
     text = f"""apiVersion: v1
 kind: Config
 clusters:
@@ -41,13 +98,15 @@ clusters:
     server: {server}
     certificate-authority-data: {ca_data}
 users:
-- name: anonymous
-  user: {{}}
+- name: demo-user
+  user:
+    client-certificate-data: {_b64(cert_file)}
+    client-key-data: {_b64(key_file)}
 contexts:
 - name: kcms-demo
   context:
     cluster: kcms-demo
-    user: anonymous
+    user: demo-user
 current-context: kcms-demo
 """
     with open(path, "w") as f:
@@ -76,6 +135,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
 async def run_demo(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="kcms-demo-")
     os.makedirs(work_dir, exist_ok=True)
+    client_ca, client_cert, client_key = issue_client_certificate(work_dir)
     cluster = SimulatedCluster(
         nodes=args.nodes, pods_per_node=args.pods_per_node, one_port_per_node=True, seed=1
     )
@@ -91,7 +151,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         inventory,
         kubelets,
         serving,
-        AuthnOptions(skip_lookup=True, allow_anonymous=True),
+        AuthnOptions(skip_lookup=True, allow_anonymous=True, client_ca_file=client_ca),
         AuthzOptions(allow_all=True),
     )
     stop = asyncio.Event()
@@ -102,7 +162,13 @@ async def run_demo(args: argparse.Namespace) -> int:
         await pipeline.start()
         port = pipeline.server.port
         kubeconfig = os.path.join(work_dir, "kubeconfig")
-        write_kubeconfig(kubeconfig, f"https://127.0.0.1:{port}", pipeline.server.serving_cert_file)
+        write_kubeconfig(
+            kubeconfig,
+            f"https://127.0.0.1:{port}",
+            pipeline.server.serving_cert_file,
+            client_cert,
+            client_key,
+        )
         pod = next(iter(inventory.pods()))
         print(
             f"KCMS demo: {args.nodes} simulated kubelets x {args.pods_per_node} pods on loopback; "

@@ -148,3 +148,17 @@ def test_served_rate_is_a_true_rate_across_restarts(segs, step):
                 assert p.window > 0
                 assert abs(got - rate * 1e9) <= 2 + rate * 1e9 * 1e-9
             t += step
+
+
+def test_go_duration_matches_go_formatting():
+    from kcms.apis.metrics.convert import go_duration
+
+    assert go_duration(15.0) == "15s"
+    assert go_duration(2.006000042) == "2.006s"
+    assert go_duration(0.0) == "0s"
+    assert go_duration(0.5) == "500ms"
+    assert go_duration(0.0015) == "1.5ms"
+    assert go_duration(60.0) == "1m0s"
+    assert go_duration(90.25) == "1m30.25s"
+    assert go_duration(3600.0) == "1h0m0s"
+    assert go_duration(-1.5) == "-1.5s"

@@ -16,8 +16,12 @@ _UNITS = (("h", 3600 * 10**9), ("m", 60 * 10**9))
 
 
 def go_duration(seconds: float) -> str:
-    """A duration as Go's time.Duration.String() prints it ("15s", "1.5s", "1m0.25s", "500ms")."""
-    ns = round(seconds * 1e9)
+    """A duration as Go's time.Duration.String() prints it ("15s", "1.5s", "1m0.25s", "500ms").
+
+    Rounded to the microsecond: the inputs are differences of float epoch timestamps, whose
+    last digits are noise (2.006 s would print as 2.006000042s).
+    """
+    ns = round(seconds * 1e6) * 1000
     if ns == 0:
         return "0s"
     sign = "-" if ns < 0 else ""
