@@ -19,7 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from kcms.sources.kubelet_decode import decode_resource_metrics, decode_summary
 
 _FAMILIES = [
-    ("container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed by the container in core-seconds"),
+    (
+        "container_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the container in core-seconds",
+    ),
     ("container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes"),
     ("container_start_time_seconds", "gauge", "Start time of the container since unix epoch in seconds"),
 ]
@@ -48,7 +52,9 @@ def build_resource_body(pods: int, containers: int, *, timestamps: bool = True, 
         out.append(f"# TYPE {name} {typ}")
         for cname, ns, pod in series:
             out.append(f'{name}{{container="{cname}",namespace="{ns}",pod="{pod}"}} {values[name]()}{ts}')
-    out.append("# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in core-seconds")
+    out.append(
+        "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in core-seconds"
+    )
     out.append("# TYPE node_cpu_usage_seconds_total counter")
     out.append(f"node_cpu_usage_seconds_total 357354.91{ts}")
     out.append("# HELP node_memory_working_set_bytes [STABLE] Current working set of the node in bytes")
@@ -60,7 +66,9 @@ def build_resource_body(pods: int, containers: int, *, timestamps: bool = True, 
         out.append(f"# TYPE {name} {typ}")
         for ns, pod in pod_keys:
             out.append(f'{name}{{namespace="{ns}",pod="{pod}"}} {rnd.uniform(1, 9):.6f}{ts}')
-    out.append("# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics")
+    out.append(
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics"
+    )
     out.append("# TYPE resource_scrape_error gauge")
     out.append("resource_scrape_error 0")
     return ("\n".join(out) + "\n").encode()
@@ -72,30 +80,58 @@ def build_summary_body(pods: int, containers: int, seed: int = 1) -> bytes:
     t = "2023-11-14T22:13:20.123456789Z"
 
     def cpu() -> dict:
-        return {"time": t, "usageNanoCores": rnd.randint(0, 10**9), "usageCoreNanoSeconds": rnd.randint(1, 10**14)}
+        return {
+            "time": t,
+            "usageNanoCores": rnd.randint(0, 10**9),
+            "usageCoreNanoSeconds": rnd.randint(1, 10**14),
+        }
 
     def memory() -> dict:
         ws = rnd.randint(1 << 20, 1 << 32)
-        return {"time": t, "availableBytes": 1 << 33, "usageBytes": ws * 2, "workingSetBytes": ws,
-                "rssBytes": ws // 2, "pageFaults": 1000, "majorPageFaults": 3}
+        return {
+            "time": t,
+            "availableBytes": 1 << 33,
+            "usageBytes": ws * 2,
+            "workingSetBytes": ws,
+            "rssBytes": ws // 2,
+            "pageFaults": 1000,
+            "majorPageFaults": 3,
+        }
 
     pod_list = []
     for p in range(pods):
-        pod_list.append({
-            "podRef": {"name": f"app-{p:03d}", "namespace": "default", "uid": f"uid-{p}"},
-            "startTime": "2023-11-14T20:00:00Z",
-            "containers": [
-                {"name": f"c{c}", "startTime": "2023-11-14T20:00:01Z", "cpu": cpu(), "memory": memory(),
-                 "rootfs": {"time": t, "usedBytes": 1234}, "logs": {"time": t, "usedBytes": 55}}
-                for c in range(containers)
-            ],
-            "cpu": cpu(), "memory": memory(), "network": {"time": t, "name": "eth0", "rxBytes": 1, "txBytes": 2},
-            "volume": [{"time": t, "name": "kube-api-access", "usedBytes": 12288}],
-            "ephemeral-storage": {"time": t, "usedBytes": 1},
-        })
-    body = {"node": {"nodeName": "node-1", "startTime": "2023-11-01T00:00:00Z", "cpu": cpu(), "memory": memory(),
-                     "systemContainers": [{"name": "kubelet", "startTime": t, "cpu": cpu(), "memory": memory()}]},
-            "pods": pod_list}
+        pod_list.append(
+            {
+                "podRef": {"name": f"app-{p:03d}", "namespace": "default", "uid": f"uid-{p}"},
+                "startTime": "2023-11-14T20:00:00Z",
+                "containers": [
+                    {
+                        "name": f"c{c}",
+                        "startTime": "2023-11-14T20:00:01Z",
+                        "cpu": cpu(),
+                        "memory": memory(),
+                        "rootfs": {"time": t, "usedBytes": 1234},
+                        "logs": {"time": t, "usedBytes": 55},
+                    }
+                    for c in range(containers)
+                ],
+                "cpu": cpu(),
+                "memory": memory(),
+                "network": {"time": t, "name": "eth0", "rxBytes": 1, "txBytes": 2},
+                "volume": [{"time": t, "name": "kube-api-access", "usedBytes": 12288}],
+                "ephemeral-storage": {"time": t, "usedBytes": 1},
+            }
+        )
+    body = {
+        "node": {
+            "nodeName": "node-1",
+            "startTime": "2023-11-01T00:00:00Z",
+            "cpu": cpu(),
+            "memory": memory(),
+            "systemContainers": [{"name": "kubelet", "startTime": t, "cpu": cpu(), "memory": memory()}],
+        },
+        "pods": pod_list,
+    }
     return orjson.dumps(body)
 
 
@@ -133,7 +169,10 @@ def main() -> None:
         lines = text.count("\n")
         samples = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
         batch = decode_resource_metrics("node-1", body, now=1.7e9)
-        assert batch.node_point is not None and sum(len(c) for c in batch.pods.values()) == args.pods * args.containers
+        assert (
+            batch.node_point is not None
+            and sum(len(c) for c in batch.pods.values()) == args.pods * args.containers
+        )
         assert not batch.rejected, batch.rejected
         ours = timeit(lambda body=body: decode_resource_metrics("node-1", body, now=1.7e9), args.seconds)
         ref = timeit(lambda text=text: list(text_string_to_metric_families(text)), args.seconds / 2)

@@ -143,7 +143,9 @@ def parse_quantity(text: str) -> Decimal:
     if not isinstance(text, str):
         raise ValueError(f"quantity must be a string, not {type(text).__name__}")
     if not text:
-        raise ValueError("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': empty string")
+        raise ValueError(
+            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': empty string"
+        )
     m = _QUANTITY_RE.fullmatch(text)
     if m is None:
         raise ValueError(

@@ -33,7 +33,9 @@ class SelectorError(ValueError):
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", re.ASCII)
-_DNS1123_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_DNS1123_SUBDOMAIN_RE = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
 _INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
@@ -73,9 +75,6 @@ def validate_label_value(value: str) -> str | None:
     return None
 
 
-_OPS = ("=", "==", "!=", "in", "notin", "exists", "!", ">", "<")
-
-
 @dataclass(frozen=True, slots=True)
 class Requirement:
     """One label requirement. ``operator`` is one of ``= == != in notin exists ! > <``."""
@@ -100,6 +99,8 @@ class Requirement:
         if value is None or not _INT_RE.fullmatch(value):
             return False
         have, want = int(value), int(self.values[0])
+        if not -(2**63) <= have < 2**63:
+            return False  # apimachinery parses label values as int64
         return have > want if op == ">" else have < want
 
     def __str__(self) -> str:
@@ -137,7 +138,6 @@ class LabelSelector:
 
 # ---------------------------------------------------------------- label selector lexer and parser
 
-_SPECIAL = "!=<>(),"
 _TOKEN_RE = re.compile(r"\s*(?:(!=|==|=|!|<|>|\(|\)|,)|([^\s!=<>(),]+))")
 
 
@@ -200,7 +200,7 @@ class _LabelParser:
 
     def key(self) -> tuple[str, int]:
         kind, lit, pos = self.take()
-        if kind != "id" or lit in ("in", "notin"):
+        if kind != "id":
             found = "end of string" if kind == "eos" else repr(lit)
             raise self.fail(f"found {found}, expected: identifier", pos)
         why = validate_label_key(lit)
@@ -236,7 +236,9 @@ class _LabelParser:
             raise self.fail(f"found {vlit!r}, expected: identifier", vpos)
         if op in (">", "<"):
             if not _INT_RE.fullmatch(value) or not -(2**63) <= int(value) < 2**63:
-                raise self.fail(f"for 'Gt', 'Lt' operators, the value must be an integer, not {value!r}", vpos)
+                raise self.fail(
+                    f"for 'Gt', 'Lt' operators, the value must be an integer, not {value!r}", vpos
+                )
         else:
             why = validate_label_value(value)
             if why:
@@ -355,7 +357,9 @@ def _unescape_field_value(value: str, selector: str) -> str:
         c = value[i]
         if c == "\\":
             if i + 1 >= n or value[i + 1] not in "\\,=":
-                raise SelectorError(f"invalid field selector {selector!r}: invalid escape sequence in {value!r}")
+                raise SelectorError(
+                    f"invalid field selector {selector!r}: invalid escape sequence in {value!r}"
+                )
             out.append(value[i + 1])
             i += 2
             continue
