@@ -108,7 +108,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Watcher:
     plural: str
     namespace: str
@@ -141,6 +141,7 @@ class FakeKubeAPI:
         self._objects: dict[str, dict[tuple[str, str], dict]] = {p: {} for p in RESOURCES}
         self._history: list[tuple[int, str, str, dict | None, dict | None]] = []
         self._watchers: set[_Watcher] = set()
+        self._snapshots: dict[str, list[dict]] = {}  # continue token -> the listed objects
         self._runner: web.AppRunner | None = None
         self._cert = ca.issue_cert("127.0.0.1", "localhost")
 
@@ -153,7 +154,9 @@ class FakeKubeAPI:
         """Start serving (again, on the same port after a stop())."""
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, shutdown_timeout=0.5, handler_cancellation=True
+        )
         await self._runner.setup()
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._cert.configure_cert(ctx)
@@ -318,9 +321,11 @@ class FakeKubeAPI:
         return _status(405, "MethodNotAllowed", f"method {request.method} not allowed on {plural}")
 
     def _selected(self, plural: str, ns: str, labels: str, fields: list) -> list[dict]:
+        objects = self._objects[plural]
         out = []
-        for (ons, _), obj in sorted(self._objects[plural].items()):
-            if ns and ons != ns:
+        for key in sorted(objects):
+            obj = objects[key]
+            if ns and key[0] != ns:
                 continue
             if _match_fields(fields, obj) and _match_labels(labels, obj["metadata"].get("labels") or {}):
                 out.append(obj)
@@ -328,17 +333,26 @@ class FakeKubeAPI:
 
     def _list(self, plural: str, ns: str, query: dict, fields: list) -> web.Response:
         prefix, kind, _ = RESOURCES[plural]
-        items = self._selected(plural, ns, query.get("labelSelector", ""), fields)
         meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
-        start = 0
+        start, snap = 0, ""
         if query.get("continue"):
-            tok = orjson.loads(base64.urlsafe_b64decode(query["continue"]))
-            start, meta["resourceVersion"] = tok["start"], tok["rv"]
+            try:
+                tok = orjson.loads(base64.urlsafe_b64decode(query["continue"]))
+                start, meta["resourceVersion"], snap = tok["start"], tok["rv"], tok["snap"]
+                items = self._snapshots.pop(snap)
+            except (ValueError, KeyError, TypeError):
+                return _status(410, "Expired", "the provided continue parameter is too old or invalid")
+        else:
+            items = self._selected(plural, ns, query.get("labelSelector", ""), fields)
         limit = int(query.get("limit") or 0)
         if limit > 0:
             end = start + limit
             if end < len(items):
-                tok = {"start": end, "rv": meta["resourceVersion"]}
+                snap = snap or uuid.uuid4().hex
+                self._snapshots[snap] = items  # a consistent snapshot, like paging from etcd at one revision
+                while len(self._snapshots) > 16:
+                    self._snapshots.pop(next(iter(self._snapshots)))
+                tok = {"start": end, "rv": meta["resourceVersion"], "snap": snap}
                 meta["continue"] = base64.urlsafe_b64encode(orjson.dumps(tok)).decode()
                 meta["remainingItemCount"] = len(items) - end
             items = items[start:end]
@@ -527,6 +541,8 @@ def make_node(
             "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
             "nodeInfo": {
                 "machineID": uuid.uuid4().hex,
+                "systemUUID": str(uuid.uuid4()),
+                "bootID": str(uuid.uuid4()),
                 "kernelVersion": "6.1.0",
                 "osImage": "Debian GNU/Linux 12 (bookworm)",
                 "containerRuntimeVersion": "containerd://1.7.13",

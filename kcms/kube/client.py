@@ -6,7 +6,6 @@ small dataclasses of kcms.model by the callers), which keeps large inventories c
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
@@ -151,10 +150,14 @@ class KubeClient:
 
     # ---- identity, shared with the kubelet client -------------------------------------------------
     def bearer_token(self) -> str | None:
-        """The current bearer token (without the "Bearer " prefix), or None when not token-authenticated."""
+        """The current bearer token (without the "Bearer " prefix), or None when not token-authenticated.
+
+        Token files (in-cluster service account, kubeconfig tokenFile) are re-read when due.
+        """
+        self._refresh_files()
         auth = self._authorization
         if auth and auth.startswith("Bearer "):
-            return auth[7:]
+            return auth[7:].strip()
         return None
 
     def client_cert_files(self) -> tuple[str, str] | None:
@@ -167,24 +170,14 @@ class KubeClient:
         """The CA bundle file the API server is verified with (None: system trust store)."""
         return self._ca_file
 
-    async def _refresh_auth(self, force: bool = False) -> None:
-        """Refresh rotating credentials: in-cluster token file, kubeconfig tokenFile, exec plugins."""
+    def _refresh_files(self, force: bool = False) -> None:
+        """Re-read rotating token files: the in-cluster service-account token, a kubeconfig tokenFile."""
         cfg, loader = self._configuration, self._loader
         if cfg is not None and cfg.refresh_api_key_hook is not None:
-            result = cfg.refresh_api_key_hook(cfg)
-            if asyncio.iscoroutine(result):
-                await result
+            cfg.refresh_api_key_hook(cfg)  # kubernetes_asyncio's in-cluster hook is synchronous
             self._authorization = cfg.api_key.get("BearerToken", self._authorization)
-        if loader is None:
-            return
         user = getattr(loader, "_user", None)
-        if user is not None and "exec" in user:
-            if force and hasattr(loader, "exec_plugin_expiry"):
-                del loader.exec_plugin_expiry
-            if force or hasattr(loader, "exec_plugin_expiry"):
-                await loader.load_from_exec_plugin()
-                self._authorization = getattr(loader, "token", self._authorization)
-        elif user is not None and "tokenFile" in user:
+        if user is not None and "tokenFile" in user and "exec" not in user:
             now = time.monotonic()
             if force or now - self._token_file_read > _TOKEN_FILE_RELOAD:
                 self._token_file_read = now
@@ -194,10 +187,27 @@ class KubeClient:
                 except OSError as e:
                     log.debug("cannot re-read the kubeconfig token file: %s", e)
 
+    async def _refresh_auth(self, force: bool = False) -> None:
+        """Refresh rotating credentials: token files, and exec plugins when expired (or ``force``)."""
+        self._refresh_files(force)
+        loader = self._loader
+        user = getattr(loader, "_user", None)
+        if user is not None and "exec" in user:
+            if force and hasattr(loader, "exec_plugin_expiry"):
+                del loader.exec_plugin_expiry
+            if force or hasattr(loader, "exec_plugin_expiry"):
+                await loader.load_from_exec_plugin()
+                self._authorization = getattr(loader, "token", self._authorization)
+
+    async def fresh_bearer_token(self) -> str | None:
+        """Like bearer_token(), after renewing an expired exec-plugin credential."""
+        await self._refresh_auth()
+        return self.bearer_token()
+
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "kcms"}
         if self._authorization:
-            headers["Authorization"] = self._authorization
+            headers["Authorization"] = self._authorization.strip()
         if extra:
             headers.update(extra)
         return headers

@@ -72,6 +72,7 @@ class Informer(Generic[T]):
         return self._synced.is_set()
 
     def get(self, key: Hashable) -> T | None:
+        """The cached value under ``key``, or None."""
         return self._items.get(key)
 
     def values(self) -> Iterable[T]:

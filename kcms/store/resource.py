@@ -37,6 +37,8 @@ class PodUsage:
     containers: list[tuple[str, Usage]]
 
 
+_MISSING = object()
+
 # Per container: (last reading, previous reading usable for a rate, or None)
 _Pair = tuple[ResourcePoint, ResourcePoint | None]
 
@@ -47,6 +49,9 @@ class _NodeEntry:
     last: ResourcePoint | None = None
     prev: ResourcePoint | None = None
     pods: dict[PodKey, dict[str, _Pair]] = field(default_factory=dict)
+    # Pod usages computed since the last store() of this node: a list of all pods computes each
+    # pod's usage once per scrape, not once per request.
+    usage: dict[PodKey, PodUsage | None] = field(default_factory=dict)
 
 
 def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
@@ -122,6 +127,7 @@ class ResourceStore:
             if pod_node.get(key) == node:
                 del pod_node[key]
         entry.pods = new_pods
+        entry.usage = {}
 
     def forget_node(self, node: str) -> None:
         entry = self._nodes.pop(node, None)
@@ -162,7 +168,14 @@ class ResourceStore:
         entry = self._fresh_entry(node, time.monotonic() if now is None else now)
         if entry is None:
             return None
-        pairs = entry.pods.get(key)
+        cached = entry.usage.get(key, _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        usage = entry.usage[key] = self._pod_usage(entry.pods.get(key))
+        return usage
+
+    @staticmethod
+    def _pod_usage(pairs: dict[str, _Pair] | None) -> PodUsage | None:
         if not pairs:
             return None
         containers: list[tuple[str, Usage]] = []
@@ -186,6 +199,10 @@ class ResourceStore:
             if self.node_usage(node, now) is not None:
                 return True
         return any(self.pod_usage(ns, name, now) is not None for ns, name in self._pod_node)
+
+    def stats_pods(self) -> int:
+        """How many pods have readings."""
+        return len(self._pod_node)
 
     def stats(self) -> tuple[int, int, int]:
         """(nodes, pods, stored readings) — for our own metrics."""

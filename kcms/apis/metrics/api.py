@@ -13,7 +13,7 @@ from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, respond
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import SelectorError, parse_field_selector, parse_label_selector
-from kcms.store.resource import ResourceStore
+from kcms.store.resource import PodUsage, ResourceStore
 
 FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
@@ -76,6 +76,17 @@ class MetricsAPI:
     def __init__(self, inventory: Inventory, store: ResourceStore) -> None:
         self.inventory = inventory
         self.store = store
+        # Rendered usage per pod, reused while the store hands out the same PodUsage (until the
+        # pod's node is scraped again): listing 30 000 pods then formats nothing twice.
+        self._rendered: dict[tuple[str, str], tuple[PodUsage, dict]] = {}
+
+    def _pod_body(self, key: tuple[str, str], usage: PodUsage, fmt: convert.TimeFormatter) -> dict:
+        hit = self._rendered.get(key)
+        if hit is not None and hit[0] is usage:
+            return hit[1]
+        body = convert.pod_usage_body(usage, fmt)
+        self._rendered[key] = (usage, body)
+        return body
 
     def group_version(self) -> APIGroupVersion:
         base = "/apis/metrics.k8s.io/v1beta1"
@@ -165,6 +176,8 @@ class MetricsAPI:
         created = convert.TimeFormatter()(time.time())
         fmt = convert.TimeFormatter()
         usage_of = self.store.pod_usage
+        if len(self._rendered) > 2 * self.store.stats_pods() + 1000:
+            self._rendered.clear()  # drop what deleted pods left behind
         for pod in pods:
             if pod.phase != "Running":
                 continue
@@ -176,7 +189,8 @@ class MetricsAPI:
                 continue
             usage = usage_of(pod.namespace, pod.name, now)
             if usage is not None:
-                items.append(convert.pod_metrics(pod, usage, created, fmt))
+                body = self._pod_body((pod.namespace, pod.name), usage, fmt)
+                items.append(convert.pod_metrics(pod, body, created))
         return respond(request, convert.object_list("PodMetricsList", items), table=POD_TABLE)
 
     async def get_pod(self, request: web.Request) -> web.Response:
@@ -189,5 +203,5 @@ class MetricsAPI:
         if pod is None or usage is None:
             raise _not_found("podmetrics", name)
         fmt = convert.TimeFormatter()
-        obj = convert.pod_metrics(pod, usage, fmt(time.time()), fmt)
+        obj = convert.pod_metrics(pod, self._pod_body((namespace, name), usage, fmt), fmt(time.time()))
         return respond(request, convert.single(obj, "PodMetrics"), table=POD_TABLE)

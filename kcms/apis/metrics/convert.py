@@ -89,15 +89,20 @@ def node_metrics(node: NodeInfo, usage: Usage, created: str, fmt: TimeFormatter)
     }
 
 
-def pod_metrics(pod: PodInfo, usage: PodUsage, created: str, fmt: TimeFormatter) -> dict:
+def pod_usage_body(usage: PodUsage, fmt: TimeFormatter) -> dict:
+    """The parts of a PodMetrics that depend only on the readings (cacheable until the next scrape)."""
     return {
-        "metadata": _meta(pod.name, pod.namespace, pod.labels, created),
         "timestamp": fmt(usage.timestamp),
         "window": go_duration(usage.window),
         "containers": [
             {"name": name, "usage": usage_dict(u.cpu_nanocores, u.memory)} for name, u in usage.containers
         ],
     }
+
+
+def pod_metrics(pod: PodInfo, body: dict, created: str) -> dict:
+    """A PodMetrics from the pod's metadata and its ``pod_usage_body``."""
+    return {"metadata": _meta(pod.name, pod.namespace, pod.labels, created), **body}
 
 
 def single(obj: dict, kind: str) -> dict:
