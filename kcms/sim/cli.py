@@ -33,7 +33,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--restart-every", default=None, help="mean seconds between restarts of a container (default: never)"
     )
-    parser.add_argument("--write-inventory", metavar="PATH", default=None, help="write Nodes and Pods as a v1 List")
+    parser.add_argument(
+        "--write-inventory", metavar="PATH", default=None, help="write Nodes and Pods as a v1 List"
+    )
     parser.add_argument("--ca-out", metavar="PATH", default=None, help="write the CA certificate (PEM) here")
     parser.add_argument("--token", default=None, help="require this bearer token on every request")
     parser.add_argument(
@@ -83,7 +85,9 @@ def cluster_from_args(args: argparse.Namespace) -> SimulatedCluster:
         except ValueError:
             raise _FlagError("--restart-every", f"not a number: {args.restart_every!r}") from None
         if not restart > 0 or restart == float("inf"):
-            raise _FlagError("--restart-every", f"must be a positive number of seconds, got {args.restart_every}")
+            raise _FlagError(
+                "--restart-every", f"must be a positive number of seconds, got {args.restart_every}"
+            )
     if not args.one_port_per_node:
         try:
             node_addresses(args.address_base, nodes)
@@ -110,6 +114,13 @@ def cluster_from_args(args: argparse.Namespace) -> SimulatedCluster:
     )
 
 
+def _write_outputs(cluster: SimulatedCluster, args: argparse.Namespace) -> None:
+    if args.ca_out:
+        Path(args.ca_out).write_bytes(cluster.ca_pem)
+    if args.write_inventory:
+        cluster.write_inventory(args.write_inventory)
+
+
 async def simulate_main(args: argparse.Namespace) -> int:
     """Run ``kcms simulate``: start the cluster, print its URLs, write files, wait for a signal."""
     try:
@@ -123,10 +134,7 @@ async def simulate_main(args: argparse.Namespace) -> int:
         print(f"kcms simulate: error: {e}", file=sys.stderr)
         return 1
     try:
-        if args.ca_out:
-            Path(args.ca_out).write_bytes(cluster.ca_pem)
-        if args.write_inventory:
-            cluster.write_inventory(args.write_inventory)
+        await asyncio.to_thread(_write_outputs, cluster, args)
         names = cluster.node_names()
         shown = names if len(names) <= 10 else names[:3]
         for name in shown:

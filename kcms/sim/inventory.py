@@ -131,7 +131,11 @@ def pod_object(
         status["startTime"] = rfc3339(started)
     ready = "True" if running else "False"
     status["conditions"] = [
-        {"type": "PodScheduled", "status": "True" if node else "False", "lastTransitionTime": rfc3339(created)},
+        {
+            "type": "PodScheduled",
+            "status": "True" if node else "False",
+            "lastTransitionTime": rfc3339(created),
+        },
         {"type": "Ready", "status": ready, "lastTransitionTime": rfc3339(started or created)},
     ]
     if started is not None:

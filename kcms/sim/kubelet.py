@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from kcms.sim.workload import SimNode, go_float, go_int, rfc3339
+from kcms.sim.workload import SimNode, go_ns, rfc3339
 
 if TYPE_CHECKING:
     from kcms.sim.cluster import SimulatedCluster
@@ -40,7 +40,9 @@ _HEAD_CONTAINER_START = _H.format(
     n="container_start_time_seconds", h="Start time of the container since unix epoch in seconds", t="gauge"
 )
 _HEAD_NODE_CPU = _H.format(
-    n="node_cpu_usage_seconds_total", h="Cumulative cpu time consumed by the node in core-seconds", t="counter"
+    n="node_cpu_usage_seconds_total",
+    h="Cumulative cpu time consumed by the node in core-seconds",
+    t="counter",
 )
 _HEAD_NODE_MEM = _H.format(
     n="node_memory_working_set_bytes", h="Current working set of the node in bytes", t="gauge"
@@ -78,26 +80,23 @@ def render_resource_metrics(node: SimNode, now: float) -> bytes:
     add = out.append
     for c in cs:
         dt = t - c.start_time
-        add(
-            f"container_cpu_usage_seconds_total{c.labels} "
-            f"{go_float(int(c.rate * dt * 1e9) / 1e9) if dt > 0 else '0'}{tail}"
-        )
+        add(f"{c.cpu_prefix}{go_ns(int(c.rate * dt * 1e9)) if dt > 0 else '0'}{tail}")
     add(_HEAD_CONTAINER_MEM)
     for c in cs:
-        add(f"container_memory_working_set_bytes{c.labels} {c.memory_text(t)}{tail}")
+        add(f"{c.mem_prefix}{c.memory_text(t)}{tail}")
     add(_HEAD_CONTAINER_START)
     for c in cs:
-        add(f"container_start_time_seconds{c.labels} {c.start_text}{tail}")
+        add(f"{c.start_prefix}{c.start_text}{tail}")
     add(_HEAD_NODE_CPU)
-    add(f"node_cpu_usage_seconds_total {go_float(node.cpu_ns(t) / 1e9)}{tail}")
+    add(f"node_cpu_usage_seconds_total {go_ns(node.cpu_ns(t))}{tail}")
     add(_HEAD_NODE_MEM)
-    add(f"node_memory_working_set_bytes {go_int(node.memory(t))}{tail}")
+    add(f"node_memory_working_set_bytes {node.memory_text(t)}{tail}")
     add(_HEAD_POD_CPU)
     for p in ps:
-        add(f"pod_cpu_usage_seconds_total{p.labels} {go_float(p.cpu_ns(t) / 1e9)}{tail}")
+        add(f"{p.cpu_prefix}{go_ns(p.cpu_ns(t))}{tail}")
     add(_HEAD_POD_MEM)
     for p in ps:
-        add(f"pod_memory_working_set_bytes{p.labels} {go_int(p.memory(t))}{tail}")
+        add(f"{p.mem_prefix}{p.memory_text(t)}{tail}")
     add(_HEAD_SCRAPE_ERR)
     add("resource_scrape_error 0\n")
     return "".join(out).encode()
@@ -208,14 +207,13 @@ def make_app(cluster: SimulatedCluster) -> web.Application:
     app = web.Application()
     lookup: Callable[[web.Request], SimNode | None] = cluster.node_for_request
     token_header = f"Bearer {cluster.token}" if cluster.token else None
-    unauthorized = web.Response(status=401, text="Unauthorized")
 
     async def prelude(request: web.Request) -> SimNode | web.StreamResponse:
         node = lookup(request)
         if node is None:
             return web.Response(status=404, text="no simulated node on this address")
         if token_header is not None and request.headers.get("Authorization") != token_header:
-            return unauthorized
+            return web.Response(status=401, text="Unauthorized")
         node.requests += 1
         mode = node.mode
         if mode == "ok":

@@ -8,11 +8,13 @@ restart moment, so the counter starts again from zero.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 NAMESPACES: tuple[tuple[str, int], ...] = (
     ("default", 4),
@@ -33,7 +35,13 @@ APPS: tuple[str, ...] = (
     "billing",
     "auth",
 )
-SIDECARS: tuple[str, ...] = ("istio-proxy", "log-shipper", "metrics-exporter", "config-reloader", "vault-agent")
+SIDECARS: tuple[str, ...] = (
+    "istio-proxy",
+    "log-shipper",
+    "metrics-exporter",
+    "config-reloader",
+    "vault-agent",
+)
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet Kubernetes uses for generated name suffixes
 PAGE = 4096
 MEMORY_STEP_SECONDS = 60
@@ -87,6 +95,25 @@ def go_int(n: int) -> str:
     return d[0] + ("." + d[1:] if len(d) > 1 else "") + f"e+{len(s) - 1:02d}"
 
 
+def go_ns(ns: int) -> str:
+    """Format ``ns / 1e9`` (core-nanoseconds as core-seconds) like :func:`go_float`, from the exact integer.
+
+    The text is the exact decimal value of ``ns`` nanoseconds (no binary rounding), so a decoder
+    that converts it back to integer nanoseconds gets ``ns``.
+    """
+    if ns <= 0:
+        return "0" if ns == 0 else "-" + go_ns(-ns)
+    s = str(ns)
+    exp = len(s) - 10
+    if exp < -4 or exp >= 6:
+        d = s.rstrip("0")
+        return d[0] + ("." + d[1:] if len(d) > 1 else "") + f"e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if exp >= 0:
+        frac = s[exp + 1 :].rstrip("0")
+        return s[: exp + 1] + "." + frac if frac else s[: exp + 1]
+    return "0." + "0" * (-exp - 1) + s.rstrip("0")
+
+
 def rfc3339(t: float) -> str:
     """Seconds since the epoch as a Kubernetes ``metav1.Time`` (RFC 3339, whole seconds, UTC)."""
     return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -110,6 +137,9 @@ class SimContainer:
     restarts: int = 0
     # precomputed text
     labels: str = ""
+    cpu_prefix: str = ""
+    mem_prefix: str = ""
+    start_prefix: str = ""
     start_text: str = ""
     start_rfc: str = ""
     _mem_key: int = -1
@@ -167,11 +197,17 @@ class SimPod:
     start_time: float
     containers: list[SimContainer]
     labels: str = ""  # '{namespace="..",pod=".."}'
+    cpu_prefix: str = ""
+    mem_prefix: str = ""
+    rate: float = 0.0  # true CPU rate of the pod (sum of its containers), cores
+    _mem_key: int = -1
+    _mem_val: int = 0
+    _mem_text: str = ""
 
-    @property
-    def rate(self) -> float:
-        """True CPU rate of the pod (sum of its containers), cores."""
-        return sum(c.rate for c in self.containers)
+    def __post_init__(self) -> None:
+        self.cpu_prefix = f"pod_cpu_usage_seconds_total{self.labels} "
+        self.mem_prefix = f"pod_memory_working_set_bytes{self.labels} "
+        self.rate = sum(c.rate for c in self.containers)
 
     def cpu_ns(self, t: float) -> int:
         """Cumulative pod CPU: the pod cgroup keeps counting across container restarts."""
@@ -180,7 +216,17 @@ class SimPod:
 
     def memory(self, t: float) -> int:
         """Pod working set: the sum of its containers."""
-        return sum(c.memory(t) for c in self.containers)
+        key = int(t // MEMORY_STEP_SECONDS)
+        if key != self._mem_key:
+            self._mem_val = sum(c.memory(t) for c in self.containers)
+            self._mem_text = go_int(self._mem_val)
+            self._mem_key = key
+        return self._mem_val
+
+    def memory_text(self, t: float) -> str:
+        """The working set at ``t`` formatted for the Prometheus text format."""
+        self.memory(t)
+        return self._mem_text
 
 
 @dataclass(slots=True, eq=False)
@@ -202,6 +248,9 @@ class SimNode:
     pods_sorted: list[SimPod] = field(default_factory=list)
     rate: float = 0.0
     requests: int = 0
+    _mem_key: int = -1
+    _mem_val: int = 0
+    _mem_text: str = ""
 
     def finish(self) -> None:
         """Precompute sort orders (the Prometheus registry sorts samples by label values) and sums."""
@@ -224,11 +273,21 @@ class SimNode:
 
     def memory(self, t: float) -> int:
         """Node working set: its containers plus the node overhead."""
-        return self.overhead_memory + sum(p.memory(t) for p in self.pods)
+        key = int(t // MEMORY_STEP_SECONDS)
+        if key != self._mem_key:
+            self._mem_val = self.overhead_memory + sum(p.memory(t) for p in self.pods)
+            self._mem_text = go_int(self._mem_val)
+            self._mem_key = key
+        return self._mem_val
+
+    def memory_text(self, t: float) -> str:
+        """The working set at ``t`` formatted for the Prometheus text format."""
+        self.memory(t)
+        return self._mem_text
 
 
 def _suffix(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice(_SAFE) for _ in range(n))
+    return "".join(rng.choices(_SAFE, k=n))
 
 
 def node_addresses(base: str, count: int) -> list[str]:
@@ -247,7 +306,20 @@ def node_addresses(base: str, count: int) -> list[str]:
     return out
 
 
-def generate_nodes(
+def generate_nodes(**kwargs: Any) -> list[SimNode]:
+    """Build the whole simulated workload (see :func:`_generate`); the cyclic GC is paused meanwhile,
+    since hundreds of thousands of new objects would otherwise trigger many full collections.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _generate(**kwargs)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _generate(
     *,
     nodes: int,
     pods_per_node: int,
@@ -295,6 +367,9 @@ def generate_nodes(
                     mem_scale=rng.randrange(1, 64),
                 )
                 c.labels = f'{{container="{cname}",namespace="{ns}",pod="{name}"}}'
+                c.cpu_prefix = f"container_cpu_usage_seconds_total{c.labels} "
+                c.mem_prefix = f"container_memory_working_set_bytes{c.labels} "
+                c.start_prefix = f"container_start_time_seconds{c.labels} "
                 c.refresh_start()
                 if restart_every:
                     c.restart_every = restart_every
