@@ -12,6 +12,7 @@ from kcms.apis.metrics.api import MetricsAPI
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import Collector
+from kcms.heap import HeapFreezer
 from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
 from kcms.store.resource import ResourceStore
@@ -25,13 +26,13 @@ def kubelet_config(
     """Kubelet client settings from the flags; credentials default to the kubeconfig's, as in metrics-server."""
     cert = args.kubelet_client_certificate or None
     key = args.kubelet_client_key or None
-    token = None
+    token_source = None
     ca = args.kubelet_certificate_authority or None
     if kube is not None:
         if cert is None and kube.client_cert_files() is not None:
             cert, key = kube.client_cert_files()
         if cert is None:
-            token = kube.bearer_token()
+            token_source = kube.bearer_token  # re-read every cycle: tokens rotate
     return KubeletClientConfig(
         port=args.kubelet_port,
         use_node_status_port=args.kubelet_use_node_status_port,
@@ -40,7 +41,7 @@ def kubelet_config(
         ca_file=ca,
         client_cert_file=cert,
         client_key_file=key,
-        bearer_token=token,
+        token_source=token_source,
         endpoint=args.kubelet_endpoint,
         max_body_bytes=args.kubelet_max_body_bytes,
         max_in_flight=args.kubelet_max_in_flight,
@@ -84,8 +85,12 @@ def build_pipeline(
     store = ResourceStore(resolution)
     selector = parse_label_selector(getattr(args, "node_selector", "") or "")
 
+    heap = HeapFreezer()
+
     def after_cycle() -> None:
         store.expire()
+        store.publish_stats()
+        heap.after_cycle()
 
     collector = Collector(
         inventory,

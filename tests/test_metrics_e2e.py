@@ -275,6 +275,9 @@ async def test_failing_nodes_are_skipped_counted_and_age_out(env: Env):
             text = await r.text()
     assert f'kcms_kubelet_scrape_failures_total{{node="{names[0]}",reason="decode_malformed"}}' in text
     assert f'kcms_kubelet_scrape_failures_total{{node="{names[1]}",reason="timeout"}}' in text
+    assert 'kcms_store_objects{kind="nodes"} 1.0' in text
+    assert "kcms_kubelet_scrape_duration_seconds_bucket" in text
+    assert "kcms_apiserver_request_duration_seconds_bucket" in text
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")

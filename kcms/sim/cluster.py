@@ -21,7 +21,7 @@ from aiohttp import web
 
 from kcms.sim.inventory import inventory_objects
 from kcms.sim.kubelet import MODES, make_app
-from kcms.sim.tls import client_context, server_context
+from kcms.sim.tls import ServerCertificates, client_context
 from kcms.sim.workload import SimContainer, SimNode, SimPod, generate_nodes, node_addresses
 
 
@@ -108,7 +108,7 @@ class SimulatedCluster:
         self._by_sock: dict[tuple[str, int], SimNode] = {}
         self._servers: dict[str, asyncio.AbstractServer] = {}
         self._runner: web.AppRunner | None = None
-        self._ssl: ssl.SSLContext | None = None
+        self._contexts: dict[str, ssl.SSLContext] = {}
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
@@ -117,8 +117,7 @@ class SimulatedCluster:
     async def start(self) -> None:
         """Bind every node's socket and start serving."""
         raise_nofile_limit()
-        identities = sorted({n.address for n in self.nodes}) + ["localhost"]
-        self._ssl, self.ca_pem = await asyncio.to_thread(server_context, identities, self._ca)
+        self._contexts = await asyncio.to_thread(self._server_contexts)
         self._runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         try:
@@ -148,7 +147,8 @@ class SimulatedCluster:
         assert self._runner is not None and self._runner.server is not None
         loop = asyncio.get_running_loop()
         try:
-            srv = await loop.create_server(self._runner.server, sock=sock, ssl=self._ssl, backlog=512)
+            ctx = self._contexts[node.address]
+            srv = await loop.create_server(self._runner.server, sock=sock, ssl=ctx, backlog=512)
         except BaseException:
             sock.close()
             raise
@@ -156,6 +156,17 @@ class SimulatedCluster:
             srv.close()
         else:
             self._servers[node.name] = srv
+
+    def _server_contexts(self) -> dict[str, ssl.SSLContext]:
+        """A certificate per node address, naming the address, the node and localhost."""
+        certs = ServerCertificates(self._ca)
+        self.ca_pem = certs.ca_pem
+        names: dict[str, list[str]] = {}
+        for node in self.nodes:
+            names.setdefault(node.address, [node.address, "localhost"]).append(node.name)
+        if self.one_port_per_node:  # every node on 127.0.0.1: one certificate, no node names
+            names = {address: [address, "localhost"] for address in names}
+        return {address: certs.context(ids) for address, ids in names.items()}
 
     async def _listen(self, node: SimNode) -> None:
         await self._serve(node, self._bind(node))

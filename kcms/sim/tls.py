@@ -25,11 +25,7 @@ def _san(identities: list[str]) -> list[x509.GeneralName]:
     return out
 
 
-def self_signed_server(identities: list[str]) -> tuple[bytes, bytes, bytes]:
-    """Make a throw-away CA and a server certificate for ``identities`` (IP addresses or DNS names).
-
-    Returns ``(ca_pem, cert_chain_pem, key_pem)``.
-    """
+def _new_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kcms simulated kubelet CA")])
@@ -59,47 +55,64 @@ def self_signed_server(identities: list[str]) -> tuple[bytes, bytes, bytes]:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kcms-simulated-kubelet")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(_san(identities)), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return ca_cert.public_bytes(pem), cert.public_bytes(pem), key_pem
+    return ca_key, ca_cert
 
 
-def server_context(identities: list[str], ca: Any | None) -> tuple[ssl.SSLContext, bytes]:
-    """A server SSLContext for ``identities``, issued by ``ca`` (a ``trustme.CA``) or a fresh CA.
+class ServerCertificates:
+    """Serving certificates for simulated kubelets, one per node as real kubelets have.
 
-    Returns ``(context, ca_pem)``.
+    Issued by ``ca`` (a ``trustme.CA``) or by a fresh throw-away CA. One certificate listing every
+    node address would make each client connection decode thousands of SANs (and hold them in
+    asyncio's peercert dict): at 1000 nodes that was ~180 KiB per connection on the scraper.
     """
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    if ca is not None:
-        leaf = ca.issue_cert(*identities)
-        leaf.configure_cert(ctx)
-        return ctx, ca.cert_pem.bytes()
-    ca_pem, chain_pem, key_pem = self_signed_server(identities)
-    with tempfile.TemporaryDirectory() as d:
-        cpath, kpath = os.path.join(d, "tls.crt"), os.path.join(d, "tls.key")
-        with open(cpath, "wb") as f:
-            f.write(chain_pem)
-        with open(kpath, "wb") as f:
-            f.write(key_pem)
-        ctx.load_cert_chain(cpath, kpath)
-    return ctx, ca_pem
+
+    def __init__(self, ca: Any | None = None) -> None:
+        self._trustme = ca
+        if ca is not None:
+            self.ca_pem: bytes = ca.cert_pem.bytes()
+            return
+        self._ca_key, self._ca_cert = _new_ca()
+        self.ca_pem = self._ca_cert.public_bytes(serialization.Encoding.PEM)
+        # One key for every leaf: signing is cheap, key generation is what costs at 5000 nodes.
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._key_pem = self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    def _leaf_pem(self, identities: list[str]) -> bytes:
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identities[0])]))
+            .issuer_name(self._ca_cert.subject)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(_san(identities)), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()), critical=False
+            )
+            .sign(self._ca_key, hashes.SHA256())
+        )
+        return cert.public_bytes(serialization.Encoding.PEM)
+
+    def context(self, identities: list[str]) -> ssl.SSLContext:
+        """A server SSLContext with a certificate for ``identities`` (IP addresses or DNS names)."""
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        if self._trustme is not None:
+            self._trustme.issue_cert(*identities).configure_cert(ctx)
+            return ctx
+        with tempfile.TemporaryDirectory() as d:
+            cpath, kpath = os.path.join(d, "tls.crt"), os.path.join(d, "tls.key")
+            with open(cpath, "wb") as f:
+                f.write(self._leaf_pem(identities))
+            with open(kpath, "wb") as f:
+                f.write(self._key_pem)
+            ctx.load_cert_chain(cpath, kpath)
+        return ctx
 
 
 def client_context(ca_pem: bytes) -> ssl.SSLContext:

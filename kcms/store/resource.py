@@ -13,7 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from prometheus_client import Gauge
+
 from kcms.model import NodeBatch, PodKey, ResourcePoint
+
+STORED = Gauge("kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"])
 
 # A container that started less than this long before its first reading gets no synthetic
 # "zero at start time" previous point: its first rate would rest on too short a window.
@@ -120,6 +124,16 @@ class ResourceStore:
             pairs: dict[str, _Pair] = {}
             for name, new in containers.items():
                 old = old_containers.get(name) if old_containers is not None else None
+                if old is not None:
+                    last = old[0]
+                    # The common case, inlined (a third of the store's time at 60 containers a node).
+                    if (
+                        new.timestamp > last.timestamp
+                        and new.start_time == last.start_time
+                        and new.cpu_ns >= last.cpu_ns
+                    ):
+                        pairs[name] = (new, last)
+                        continue
                 pairs[name] = (new, _previous_for(new, old, resolution))
             new_pods[key] = pairs
             pod_node[key] = node
@@ -203,6 +217,11 @@ class ResourceStore:
     def stats_pods(self) -> int:
         """How many pods have readings."""
         return len(self._pod_node)
+
+    def publish_stats(self) -> None:
+        """Export stats() as the kcms_store_objects gauge."""
+        for kind, value in zip(("nodes", "pods", "points"), self.stats(), strict=True):
+            STORED.labels(kind).set(value)
 
     def stats(self) -> tuple[int, int, int]:
         """(nodes, pods, stored readings) — for our own metrics."""
