@@ -145,8 +145,8 @@ def main() -> int:
             kcms
             + [
                 "standalone",
-                "--inventory-file",
-                str(work / "inventory.json"),
+                "--kubeconfig",
+                str(work / "kubeconfig"),
                 "--kubelet-certificate-authority",
                 str(work / "kubelet-ca.pem"),
                 "--kubelet-preferred-address-types",
@@ -164,8 +164,6 @@ def main() -> int:
                 "--client-ca-file",
                 str(work / "client-ca.pem"),
                 "--authentication-skip-lookup",
-                "--kubelet-max-in-flight",
-                "500",
                 "-v",
                 "0",
             ],
@@ -188,6 +186,11 @@ def main() -> int:
                 raise SystemExit("kcms did not become ready within 300 s")
             time.sleep(0.2)
         ready_after = time.monotonic() - t_start
+        rss_ready = proc.memory_info().rss
+        if os.environ.get("KCMS_BENCH_RSS_TIMELINE"):
+            for i in range(40):
+                print(f"t+{i}s rss {proc.memory_info().rss / 2**20:.1f} MiB", flush=True)
+                time.sleep(1)
 
         def cycles() -> tuple[float, float]:
             _, text = client.get("/metrics")
@@ -238,7 +241,8 @@ def main() -> int:
             f"{millicores_per_node / REFERENCE['millicores_per_node']:.2f}x)"
         )
         print(
-            f"RSS:                        {rss / 2**20:8.1f} MiB steady, {rss_after / 2**20:.1f} MiB after queries"
+            f"RSS:                        {rss / 2**20:8.1f} MiB steady ({rss_ready / 2**20:.1f} when ready), "
+            f"{rss_after / 2**20:.1f} MiB after queries"
         )
         print(
             f"RSS per node:               {rss / 1e6 / args.nodes:8.3f} MB   "

@@ -17,7 +17,7 @@ from kcms import __version__
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
-TLS_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
+TLS_VERSIONS = ("VersionTLS12", "VersionTLS13")  # TLS 1.0 and 1.1 are off in OpenSSL 3 anyway
 
 
 def parse_duration(text: str) -> float:
