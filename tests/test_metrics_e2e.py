@@ -324,3 +324,29 @@ async def test_official_python_client(env: Env):
     nodes, pods, one = await asyncio.to_thread(read)
     assert len(nodes["items"]) == 3 and len(pods["items"]) == 12
     assert one["kind"] == "PodMetrics" and one["containers"]
+
+
+async def test_summary_endpoint_serves_the_same_true_rates(ca, fake_kube, tmp_path):
+    sim = SimulatedCluster(
+        nodes=2, pods_per_node=3, containers_per_pod=2, seed=4, ca=ca, one_port_per_node=True
+    )
+    await sim.start()
+    env = await start_env(ca, fake_kube, tmp_path, sim, kubelet_endpoint="summary")
+    try:
+        await wait_ready(env)
+        status, body = await env.get(f"{BASE}/pods")
+        assert status == 200 and len(body["items"]) == 6
+        for item in body["items"]:
+            ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
+            for c in item["containers"]:
+                assert cores(c["usage"]["cpu"]) == pytest.approx(
+                    env.sim.true_container_rate(ns, name, c["name"]), rel=0.01
+                )
+        status, body = await env.get(f"{BASE}/nodes")
+        for item in body["items"]:
+            assert cores(item["usage"]["cpu"]) == pytest.approx(
+                env.sim.true_node_rate(item["metadata"]["name"]), rel=0.01
+            )
+    finally:
+        await stop_env(env)
+        await sim.stop()
