@@ -350,3 +350,37 @@ async def test_summary_endpoint_serves_the_same_true_rates(ca, fake_kube, tmp_pa
     finally:
         await stop_env(env)
         await sim.stop()
+
+
+def _refs(node) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        for value in node.values():
+            found |= _refs(value)
+        return found
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node)) if node else set()
+    return set()
+
+
+async def test_openapi_documents_describe_the_kinds_and_every_ref_resolves(env: Env):
+    status, doc = await env.get("/openapi/v2")
+    assert status == 200 and doc["swagger"] == "2.0"
+    for path in (
+        "/apis/metrics.k8s.io/v1beta1/nodes",
+        "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/{name}",
+    ):
+        assert doc["paths"][path]["get"]["responses"]["200"]["schema"]["$ref"].startswith("#/definitions/")
+    node = doc["definitions"]["io.k8s.metrics.pkg.apis.metrics.v1beta1.NodeMetrics"]
+    assert node["x-kubernetes-group-version-kind"] == [
+        {"group": "metrics.k8s.io", "version": "v1beta1", "kind": "NodeMetrics"}
+    ]
+    for ref in _refs(doc):
+        assert ref.removeprefix("#/definitions/") in doc["definitions"], ref
+    status, index = await env.get("/openapi/v3")
+    assert status == 200
+    url = index["paths"]["apis/metrics.k8s.io/v1beta1"]["serverRelativeURL"]
+    status, v3 = await env.get(url)
+    assert status == 200 and v3["openapi"].startswith("3.")
+    for ref in _refs(v3):
+        assert ref.removeprefix("#/components/schemas/") in v3["components"]["schemas"], ref

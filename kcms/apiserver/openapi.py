@@ -214,3 +214,43 @@ class OpenAPICache:
                 for key, (_body, etag) in sorted(self._v3.items())
             }
         }
+
+
+_META = "io.k8s.apimachinery.pkg.apis.meta.v1"
+
+# The apimachinery definitions that API kinds refer to, for groups to include in their
+# ``openapi_definitions`` (kube's documents carry them the same way).
+META_DEFINITIONS: dict[str, Any] = {
+    "io.k8s.apimachinery.pkg.api.resource.Quantity": {
+        "description": 'A fixed-point number in Kubernetes quantity syntax, e.g. "1500m", "1536Ki".',
+        "type": "string",
+    },
+    f"{_META}.Time": {
+        "description": "RFC 3339 date and time, in seconds.",
+        "type": "string",
+        "format": "date-time",
+    },
+    f"{_META}.Duration": {"description": 'A duration in Go syntax, e.g. "15.002s".', "type": "string"},
+    f"{_META}.ObjectMeta": {
+        "description": "Standard object metadata.",
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "namespace": {"type": "string"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            "creationTimestamp": {"$ref": f"#/definitions/{_META}.Time"},
+            "resourceVersion": {"type": "string"},
+            "uid": {"type": "string"},
+        },
+    },
+    f"{_META}.ListMeta": {
+        "description": "Standard list metadata.",
+        "type": "object",
+        "properties": {
+            "resourceVersion": {"type": "string"},
+            "continue": {"type": "string"},
+            "remainingItemCount": {"type": "integer", "format": "int64"},
+        },
+    },
+}

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from kcms.apis.metrics import convert
-from kcms.apis.metrics.openapi import DEFINITIONS
-from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, respond
+from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
+from kcms.apiserver import APIGroupVersion, TableConverter, bad_request, not_found, respond
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -60,18 +60,8 @@ POD_TABLE = TableConverter(
 )
 
 
-def _not_found(resource: str, name: str) -> StatusError:
-    qualified = f"{resource}.{convert.GROUP}"
-    return StatusError(
-        404,
-        "NotFound",
-        f'{qualified} "{name}" not found',
-        {"name": name, "group": convert.GROUP, "kind": resource},
-    )
-
-
 class MetricsAPI:
-    """The request handlers; holds nothing but references to the inventory and the store."""
+    """The request handlers over an inventory and a store (and a cache of rendered pod usage)."""
 
     def __init__(self, inventory: Inventory, store: ResourceStore) -> None:
         self.inventory = inventory
@@ -89,7 +79,6 @@ class MetricsAPI:
         return body
 
     def group_version(self) -> APIGroupVersion:
-        base = "/apis/metrics.k8s.io/v1beta1"
         return APIGroupVersion(
             group=convert.GROUP,
             version=convert.VERSION,
@@ -102,13 +91,7 @@ class MetricsAPI:
                 ("GET", "/namespaces/{namespace}/pods/{name}", self.get_pod),
             ],
             openapi_definitions=DEFINITIONS,
-            openapi_paths={
-                f"{base}/nodes": ("NodeMetricsList", "list", False),
-                f"{base}/nodes/{{name}}": ("NodeMetrics", "get", False),
-                f"{base}/pods": ("PodMetricsList", "list", False),
-                f"{base}/namespaces/{{namespace}}/pods": ("PodMetricsList", "list", True),
-                f"{base}/namespaces/{{namespace}}/pods/{{name}}": ("PodMetrics", "get", True),
-            },
+            openapi_paths=PATHS,
         )
 
     # -- selectors ---------------------------------------------------------------------------
@@ -119,7 +102,7 @@ class MetricsAPI:
             labels = parse_label_selector(request.query.get("labelSelector", ""))
             fields = parse_field_selector(request.query.get("fieldSelector", ""), FIELDS)
         except SelectorError as e:
-            raise StatusError(400, "BadRequest", str(e)) from None
+            raise bad_request(str(e)) from None
         return labels, fields
 
     # -- nodes -------------------------------------------------------------------------------
@@ -154,7 +137,7 @@ class MetricsAPI:
         node = self.inventory.node(name)
         usage = self.store.node_usage(name) if node is not None else None
         if node is None or usage is None:
-            raise _not_found("nodemetrics", name)
+            raise not_found(convert.GROUP, "nodemetrics", name)
         fmt = convert.TimeFormatter()
         obj = convert.node_metrics(node, usage, fmt(time.time()), fmt)
         return respond(request, convert.single(obj, "NodeMetrics"), table=NODE_TABLE)
@@ -201,7 +184,7 @@ class MetricsAPI:
         if pod is not None and pod.phase == "Running":
             usage = self.store.pod_usage(namespace, name)
         if pod is None or usage is None:
-            raise _not_found("podmetrics", name)
+            raise not_found(convert.GROUP, "podmetrics", name)
         fmt = convert.TimeFormatter()
         obj = convert.pod_metrics(pod, self._pod_body((namespace, name), usage, fmt), fmt(time.time()))
         return respond(request, convert.single(obj, "PodMetrics"), table=POD_TABLE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kcms.apiserver.openapi import META_DEFINITIONS
+
 _PKG = "io.k8s.metrics.pkg.apis.metrics.v1beta1"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
 _QUANTITY = {"$ref": "#/definitions/io.k8s.apimachinery.pkg.api.resource.Quantity"}
@@ -40,6 +42,7 @@ _COMMON = {
 }
 
 DEFINITIONS: dict[str, dict] = {
+    **META_DEFINITIONS,
     f"{_PKG}.NodeMetrics": {
         "description": "The resource usage of a node: CPU as a rate over `window`, memory as working set.",
         "type": "object",
@@ -65,4 +68,54 @@ DEFINITIONS: dict[str, dict] = {
         "x-kubernetes-group-version-kind": _gvk("PodMetrics"),
     },
     f"{_PKG}.PodMetricsList": _list("PodMetricsList", "PodMetrics"),
+}
+
+
+def _get(kind: str, action: str, summary: str) -> dict:
+    op_kind = kind.removesuffix("List")
+    return {
+        "get": {
+            "description": summary,
+            "operationId": f"{action}MetricsV1beta1{kind}",
+            "produces": ["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io"],
+            "schemes": ["https"],
+            "tags": ["metrics_v1beta1"],
+            "parameters": [
+                {
+                    "name": "labelSelector",
+                    "in": "query",
+                    "type": "string",
+                    "uniqueItems": True,
+                    "description": "A selector on the objects' labels.",
+                },
+                {
+                    "name": "fieldSelector",
+                    "in": "query",
+                    "type": "string",
+                    "uniqueItems": True,
+                    "description": "metadata.name and metadata.namespace, with =, == or !=.",
+                },
+            ]
+            if action == "list"
+            else [],  # fmt: skip
+            "responses": {
+                "200": {"description": "OK", "schema": {"$ref": f"#/definitions/{_PKG}.{kind}"}},
+                "401": {"description": "Unauthorized"},
+            },
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "kind": op_kind,
+            },
+        }
+    }
+
+
+PATHS: dict[str, dict] = {
+    "/nodes": _get("NodeMetricsList", "list", "list NodeMetrics"),
+    "/nodes/{name}": _get("NodeMetrics", "get", "read the NodeMetrics of a node"),
+    "/pods": _get("PodMetricsList", "list", "list PodMetrics of all namespaces"),
+    "/namespaces/{namespace}/pods": _get("PodMetricsList", "list", "list PodMetrics of a namespace"),
+    "/namespaces/{namespace}/pods/{name}": _get("PodMetrics", "get", "read the PodMetrics of a pod"),
 }
