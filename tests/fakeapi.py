@@ -9,6 +9,7 @@ leases, GET/POST/PUT of leases with optimistic concurrency, TokenReview and Subj
         fake.write_kubeconfig(tmp_path / "kubeconfig")
 
 Test controls: `expire_history()`, `send_bookmarks()`, `drop_watches()`, `stop()` / `start()` (same port).
+The object builders `make_node` and `make_pod` live in tests/fakeobjects.py and are re-exported here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import orjson
 import trustme
 from aiohttp import web
+from fakeobjects import make_node, make_pod, rfc3339_now  # noqa: F401
 
 from kcms.selectors import LabelSelector, parse_label_selector
 
@@ -100,12 +102,6 @@ def _status(code: int, reason: str, message: str, **details: Any) -> web.Respons
         body=orjson.dumps(status_body(code, reason, message, **details)),
         content_type="application/json",
     )
-
-
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(eq=False)
@@ -223,7 +219,7 @@ class FakeKubeAPI:
         key = (meta.get("namespace", ""), meta["name"])
         old = self._objects[plural].get(key)
         meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else _now())
+        meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else rfc3339_now())
         meta["resourceVersion"] = str(self._bump())
         self._objects[plural][key] = obj
         self._record(plural, "MODIFIED" if old else "ADDED", old, obj)
@@ -489,142 +485,3 @@ def _plural_of(obj: dict) -> str:
         if obj.get("kind") == kind:
             return plural
     raise ValueError(f"unknown kind {obj.get('kind')!r}")
-
-
-def make_node(
-    name: str,
-    labels: dict[str, str] | None = None,
-    addresses: list[tuple[str, str]] | None = None,
-    kubelet_port: int = 10250,
-) -> dict:
-    """A Node object shaped like what a real API server returns."""
-    addrs = addresses if addresses is not None else [("InternalIP", "127.0.0.1"), ("Hostname", name)]
-    base_labels = {
-        "kubernetes.io/arch": "amd64",
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-    }
-    base_labels.update(labels or {})
-    return {
-        "kind": "Node",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "labels": base_labels,
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]},
-        "status": {
-            "capacity": {
-                "cpu": "4",
-                "memory": "16318156Ki",
-                "pods": "110",
-                "ephemeral-storage": "102626232Ki",
-            },
-            "allocatable": {
-                "cpu": "4",
-                "memory": "16215756Ki",
-                "pods": "110",
-                "ephemeral-storage": "94580335255",
-            },
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "lastHeartbeatTime": _now(),
-                    "lastTransitionTime": _now(),
-                    "reason": "KubeletReady",
-                    "message": "kubelet is posting ready status",
-                }
-            ],
-            "addresses": [{"type": t, "address": a} for t, a in addrs],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
-            "nodeInfo": {
-                "machineID": uuid.uuid4().hex,
-                "systemUUID": str(uuid.uuid4()),
-                "bootID": str(uuid.uuid4()),
-                "kernelVersion": "6.1.0",
-                "osImage": "Debian GNU/Linux 12 (bookworm)",
-                "containerRuntimeVersion": "containerd://1.7.13",
-                "kubeletVersion": "v1.32.0",
-                "kubeProxyVersion": "v1.32.0",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-            },
-        },
-    }
-
-
-def make_pod(
-    namespace: str,
-    name: str,
-    node: str,
-    labels: dict[str, str] | None = None,
-    phase: str = "Running",
-    containers: tuple[str, ...] | list[str] = ("app",),
-) -> dict:
-    """A Pod object shaped like what a real API server returns."""
-    now = _now()
-    running = phase == "Running"
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels or {}),
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": name.rsplit("-", 1)[0],
-                    "uid": str(uuid.uuid4()),
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "containers": [
-                {
-                    "name": c,
-                    "image": f"registry.example/{c}:1.0",
-                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-                for c in containers
-            ],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "nodeName": node,
-            "schedulerName": "default-scheduler",
-            "priority": 0,
-        },
-        "status": {
-            "phase": phase,
-            "conditions": [
-                {"type": "Ready", "status": "True" if running else "False", "lastTransitionTime": now}
-            ],
-            "hostIP": "127.0.0.1",
-            "podIP": "10.244.0.10",
-            "startTime": now,
-            "containerStatuses": [
-                {
-                    "name": c,
-                    "ready": running,
-                    "restartCount": 0,
-                    "image": f"registry.example/{c}:1.0",
-                    "imageID": "",
-                    "containerID": "containerd://" + uuid.uuid4().hex,
-                    "started": running,
-                    "state": {"running": {"startedAt": now}} if running else {"terminated": {"exitCode": 0}},
-                }
-                for c in containers
-            ],
-            "qosClass": "Burstable",
-        },
-    }

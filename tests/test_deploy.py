@@ -1,39 +1,29 @@
-"""The deployment files: kustomize manifests under deploy/, the Dockerfile and .dockerignore.
+"""The deployment files: the kustomize manifests under deploy/.
 
 Every overlay is rendered with the real ``kubectl kustomize`` (the base is also read with PyYAML and
 must render unchanged), validated field by field against the official Kubernetes client's models, and
 checked for consistency: APIService -> Service -> pods -> container port, RBAC subjects and role
 references, probes, security context, TLS files. Container flags are checked against what
 ``python -m kcms <sub-command> --help`` accepts, and the Deployment's own args are run for real against
-a simulated kubelet and probed over HTTPS the way the kubelet probes. The Dockerfile and .dockerignore
-are checked statically (no container engine here).
+a simulated kubelet and probed over HTTPS the way the kubelet probes: that test, and the Dockerfile and
+.dockerignore checks, are in tests/test_image.py.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import json
 import os
 import re
-import shutil
-import socket
-import ssl
 import subprocess
 import sys
-import time
-import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 import yaml
+from _deploy_helpers import DEPLOY, PROBE_PATHS, REPO, only, render, require_cli
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "base"
 OVERLAYS = sorted(p.parent for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
 NAMESPACE = "kube-system"
@@ -46,8 +36,6 @@ BUILTIN_ROLES = {
 }
 # API groups of custom resources we ship objects for (not in the Kubernetes client's models).
 CRD_GROUPS = {"cert-manager.io"}
-# Health paths the KCMS API server serves without authentication (liveness, readiness).
-PROBE_PATHS = {"livenessProbe": "/livez", "readinessProbe": "/readyz"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
 
 # Flags a metrics-server user may already pass; `kcms standalone` must accept all of them.
@@ -65,29 +53,6 @@ METRICS_SERVER_FLAGS = """
 
 # ---------------------------------------------------------------------------------------------------
 # rendering
-
-
-def _kubectl() -> str:
-    exe = shutil.which("kubectl") or ("/usr/bin/kubectl" if Path("/usr/bin/kubectl").exists() else None)
-    if exe is None:
-        pytest.skip("kubectl is not installed (needed for `kubectl kustomize`)")
-    return exe
-
-
-@functools.cache
-def _kustomize(directory: Path) -> tuple[str, ...]:
-    """Render a kustomization with the real kubectl; return the documents as JSON strings."""
-    proc = subprocess.run(
-        [_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, f"kubectl kustomize {directory} failed:\n{proc.stderr}"
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
-    return tuple(json.dumps(d, sort_keys=True) for d in docs)
-
-
-def render(directory: Path) -> list[dict[str, Any]]:
-    """A fresh (mutable) copy of the objects `kubectl kustomize directory` produces."""
-    return [json.loads(d) for d in _kustomize(directory)]
 
 
 def load_plain(directory: Path) -> list[dict[str, Any]]:
@@ -121,12 +86,6 @@ def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
     spec = workload["spec"]["template"]["spec"]
     return spec.get("initContainers", []) + spec["containers"]
-
-
-def only(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected exactly one {kind}/{name}, found {len(found)}"
-    return found[0]
 
 
 overlay_param = pytest.mark.parametrize("overlay", OVERLAYS, ids=[p.name for p in OVERLAYS])
@@ -448,11 +407,6 @@ def test_tls_files_come_from_mounted_volumes(overlay: Path) -> None:
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z0-9][\w-]*)")
 
 
-def _require_cli() -> None:
-    if not (REPO / "kcms" / "cli.py").exists():
-        pytest.skip("kcms/cli.py is not written yet; this check runs once it exists")
-
-
 @functools.cache
 def cli_flags(subcommand: str) -> frozenset[str]:
     """The flag names `python -m kcms <subcommand> --help` lists."""
@@ -491,7 +445,7 @@ def test_split_args() -> None:
 
 @overlay_param
 def test_container_flags_are_accepted_by_the_cli(overlay: Path) -> None:
-    _require_cli()
+    require_cli()
     checked = 0
     for workload in workloads(render(overlay)):
         for container in containers(workload):
@@ -506,195 +460,6 @@ def test_container_flags_are_accepted_by_the_cli(overlay: Path) -> None:
 
 def test_standalone_accepts_metrics_server_flags() -> None:
     """Drop-in: every metrics-server flag we promise is a flag of `kcms standalone`."""
-    _require_cli()
+    require_cli()
     missing = [f for f in METRICS_SERVER_FLAGS if f not in cli_flags("standalone")]
     assert not missing, f"`kcms standalone` lacks {missing}"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Dockerfile and .dockerignore (checked statically: no container engine here)
-
-
-def _dockerfile() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = (REPO / "Dockerfile").read_text()
-    text = re.sub(r"\\\n", " ", text)
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            instruction, _, rest = line.partition(" ")
-            out.append((instruction.upper(), rest.strip()))
-    return out
-
-
-def _final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    starts = [i for i, (ins, _) in enumerate(instructions) if ins == "FROM"]
-    assert starts, "no FROM"
-    return instructions[starts[-1] :]
-
-
-def test_dockerfile_base_user_and_entrypoint() -> None:
-    final = _final_stage(_dockerfile())
-    assert final[0][1].split()[0] == "python:3.11-slim"
-    users = [arg for ins, arg in final if ins == "USER"]
-    assert users, "the image must not run as root"
-    user = users[-1].split(":")[0]
-    assert user.isdigit(), "USER must be numeric so that runAsNonRoot can be verified"
-    assert int(user) == 1000
-    entrypoint = [arg for ins, arg in final if ins == "ENTRYPOINT"]
-    cmd = [arg for ins, arg in final if ins == "CMD"]
-    assert json.loads(entrypoint[-1]) == ["kcms"]
-    assert json.loads(cmd[-1]) == ["standalone"]
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["kcms"] == "kcms.cli:main"
-
-
-def _copied_sources() -> list[str]:
-    sources = []
-    for ins, arg in _dockerfile():
-        if ins in ("COPY", "ADD") and "--from=" not in arg:
-            words = [w for w in arg.split() if not w.startswith("--")]
-            sources.extend(w.rstrip("/") for w in words[:-1])
-    return sources
-
-
-def _ignored(path: str, patterns: list[str]) -> bool:
-    """Whether .dockerignore excludes path (last matching pattern wins; `!` re-includes)."""
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!").strip("/")
-        parts = path.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(
-            fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p, pattern.removeprefix("**/")) for p in prefixes
-        ):
-            ignored = not negate
-    return ignored
-
-
-def test_dockerignore_keeps_what_the_build_copies() -> None:
-    lines = (REPO / ".dockerignore").read_text().splitlines()
-    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    sources = _copied_sources()
-    assert set(sources) == {"pyproject.toml", "README.md", "kcms"}
-    for source in sources:
-        assert not _ignored(source, patterns), f".dockerignore excludes {source}, which the build copies"
-        assert (REPO / source).exists(), f"the build copies {source}, which does not exist"
-    for heavy in (".git", "tests", "kcms/__pycache__", "kcms/store/__pycache__/x.pyc"):
-        assert _ignored(heavy, patterns), f"{heavy} should not be sent to the build"
-
-
-def test_image_contents_suffice_to_run_the_cli(tmp_path: Path) -> None:
-    """Only what the Dockerfile copies, nothing else from the repo, runs `kcms standalone --help`."""
-    _require_cli()
-    for source in _copied_sources():
-        src = REPO / source
-        assert src.exists(), f"the Dockerfile copies {source}, which does not exist"
-        if src.is_dir():
-            shutil.copytree(src, tmp_path / source, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(src, tmp_path / source)
-    code = "import runpy, sys, kcms; print(kcms.__file__, file=sys.stderr); runpy.run_module('kcms', run_name='__main__')"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "standalone", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines()[0].startswith(str(tmp_path)), "ran the repo's kcms, not the copy"
-    assert "--secure-port" in proc.stdout
-
-
-# ---------------------------------------------------------------------------------------------------
-# the probes against a real `kcms standalone` started with the Deployment's own args
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _wait_for(condition, what: str, procs: list[subprocess.Popen], timeout: float = 30) -> None:
-    """Poll condition() until true; fail early if one of procs exits."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for proc in procs:
-            assert proc.poll() is None, f"{proc.args[:4]} exited with {proc.returncode} before {what}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
-        time.sleep(0.2)
-
-
-def test_probes_succeed_against_a_running_server(tmp_path: Path) -> None:
-    """Run the Deployment's own args against a simulated kubelet, then probe as the kubelet would.
-
-    Only what cannot work off-cluster is swapped: the port, the cert dir, and the inventory (a file
-    written by `kcms simulate` instead of the Kubernetes API). The node's kubelet listens on its own
-    port, which the inventory carries in status.daemonEndpoints, so --kubelet-use-node-status-port
-    and --kubelet-preferred-address-types are exercised as they are in a cluster.
-    """
-    _require_cli()
-    container = only(render(DEPLOY / "overlays" / "standalone"), "Deployment", "kcms")
-    container = container["spec"]["template"]["spec"]["containers"][0]
-    inventory, kubelet_ca = tmp_path / "inventory.json", tmp_path / "kubelet-ca.pem"
-    sim_args = ["simulate", "--nodes=1", "--pods-per-node=2", "--one-port-per-node"]
-    sim_args += [f"--write-inventory={inventory}", f"--ca-out={kubelet_ca}"]
-    port = _free_port()
-    args = [a for a in container["args"] if not a.startswith(("--secure-port", "--cert-dir"))]
-    args += [f"--secure-port={port}", f"--cert-dir={tmp_path}", "--bind-address=127.0.0.1"]
-    args += [f"--inventory-file={inventory}", f"--kubelet-certificate-authority={kubelet_ca}"]
-    procs: list[subprocess.Popen] = []
-    try:
-        with (tmp_path / "sim.log").open("wb") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "kcms", *sim_args], stdout=out, stderr=out))
-        _wait_for(lambda: kubelet_ca.exists() and _is_json(inventory), "inventory", procs)
-        with (tmp_path / "kcms.log").open("wb") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "kcms", *args], stdout=out, stderr=out))
-        for probe_name in PROBE_PATHS:
-            get = container[probe_name]["httpGet"]
-            url = f"{get['scheme'].lower()}://127.0.0.1:{port}{get['path']}"
-            _wait_for(lambda url=url: 200 <= _status(url) < 400, f"success of {url}", procs)
-        # Control: the same anonymous client is refused on the API, so the probes' success means something.
-        assert _status(f"https://127.0.0.1:{port}/apis/metrics.k8s.io/v1beta1/nodes") in (401, 403)
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
-
-
-def _is_json(path: Path) -> bool:
-    try:
-        json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _status(url: str) -> int:
-    """Status of an unauthenticated GET that does not verify the certificate, as a kubelet probe does.
-
-    0 if the server does not answer (yet).
-    """
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, context=context, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0

@@ -1,15 +1,14 @@
-"""The kubelet simulator: real HTTPS to simulated kubelets on loopback, decoded like a scraper would."""
+"""The kubelet simulator: real HTTPS to simulated kubelets on loopback, decoded like a scraper would.
+
+The `kcms simulate` command line is tested in tests/test_sim_cli.py.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
 import random
-import signal
-import ssl
-import sys
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from kcms.model import DecodeError
-from kcms.sim import SimulatedCluster, add_simulate_arguments, simulate_main
+from kcms.sim import SimulatedCluster
 from kcms.sim.workload import go_float, go_int, go_ns, node_addresses
 
 try:  # the real decoder, if present; otherwise a plain parse with prometheus_client and orjson
@@ -448,72 +447,3 @@ async def test_inventory_is_consistent_with_served_data(ca, tmp_path: Path) -> N
         for p in cluster.node(name).pods:
             pod = inv.pod(p.namespace, p.name)
             assert pod is not None and pod.node_name == name and pod.phase == "Running"
-
-
-# ----- command line ------------------------------------------------------------------------------
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_simulate_arguments(p)
-    return p.parse_args(list(argv))
-
-
-@pytest.mark.parametrize(
-    ("argv", "flag"),
-    [
-        (["--nodes", "0"], "--nodes"),
-        (["--nodes", "many"], "--nodes"),
-        (["--pods-per-node", "-1"], "--pods-per-node"),
-        (["--containers-per-pod", "3-1"], "--containers-per-pod"),
-        (["--containers-per-pod", "x"], "--containers-per-pod"),
-        (["--port", "70000"], "--port"),
-        (["--restart-every", "0"], "--restart-every"),
-        (["--address-base", "10.0.0.1"], "--address-base"),
-        (["--address-base", "127.1.2"], "--address-base"),
-        (["--token", ""], "--token"),
-        (["--ca-out", "/nonexistent-dir/ca.pem"], "--ca-out"),
-    ],
-)
-async def test_bad_flags_exit_2_naming_the_flag(argv: list[str], flag: str, capsys) -> None:
-    assert await simulate_main(_args(*argv)) == 2
-    assert flag in capsys.readouterr().err
-
-
-async def test_simulate_command_serves_until_sigterm(tmp_path: Path) -> None:
-    ca_out, inv = tmp_path / "ca.pem", tmp_path / "inv.json"
-    code = (
-        "import argparse, asyncio, sys\n"
-        "from kcms.sim import add_simulate_arguments, simulate_main\n"
-        "p = argparse.ArgumentParser(); add_simulate_arguments(p)\n"
-        "sys.exit(asyncio.run(simulate_main(p.parse_args(sys.argv[1:]))))\n"
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, "--nodes", "2", "--pods-per-node", "2", "--one-port-per-node",
-        "--ca-out", str(ca_out), "--write-inventory", str(inv), "--token", "tok",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        lines = []
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-            assert line, (await proc.stderr.read()).decode()
-            lines.append(line)
-            if line.startswith("serving"):
-                break
-        urls = [ln.split()[1] for ln in lines[:2]]
-        ctx = ssl.create_default_context(cadata=ca_out.read_text())
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ctx), headers={"Authorization": "Bearer tok"}
-        ) as s:
-            for url in urls:
-                status, body = await get(s, url + "/stats/summary")
-                assert status == 200 and orjson.loads(body)["node"]["nodeName"]
-        items = orjson.loads(inv.read_bytes())["items"]
-        assert sum(1 for o in items if o["kind"] == "Node") == 2
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
