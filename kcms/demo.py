@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import datetime
 import logging
 import os
 import signal
 import tempfile
-from types import SimpleNamespace
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
+from kcms import certs
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient
 from kcms.kube.inventory import StaticInventory
@@ -41,44 +35,13 @@ def issue_client_certificate(work_dir: str, user: str = "demo-user") -> tuple[st
     kubectl prompts for a password when its kubeconfig names no credentials, so the demo hands
     it a client certificate instead of relying on anonymous access.
     """
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kcms-demo-client-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name(
-        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "demo"), x509.NameAttribute(NameOID.COMMON_NAME, user)]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca = certs.new_ca("kcms-demo-client-ca", days=30)
+    key, cert = certs.issue(ca_key, ca, user, organizations=("demo",), client=True, days=30)
     paths = tuple(os.path.join(work_dir, n) for n in ("client-ca.crt", "client.crt", "client.key"))
-    pem = serialization.Encoding.PEM
-    with open(paths[0], "wb") as f:
-        f.write(ca.public_bytes(pem))
-    with open(paths[1], "wb") as f:
-        f.write(cert.public_bytes(pem))
-    fd = os.open(paths[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    for path, data in zip(paths[:2], (certs.cert_pem(ca), certs.cert_pem(cert)), strict=True):
+        with open(path, "wb") as f:
+            f.write(data)
+    certs.write_private(paths[2], certs.key_pem(key))
     return paths  # type: ignore[return-value]
 
 
@@ -114,22 +77,17 @@ current-context: kcms-demo
 
 
 def demo_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The standalone flags the demo runs with."""
-    return SimpleNamespace(
-        metric_resolution=args.metric_resolution,
-        kubelet_port=10250,
-        kubelet_use_node_status_port=True,  # every simulated kubelet has a port of its own
-        kubelet_preferred_address_types=["InternalIP"],
-        kubelet_insecure_tls=False,
-        kubelet_certificate_authority="",
-        kubelet_client_certificate="",
-        kubelet_client_key="",
-        kubelet_request_timeout=10.0,
-        kubelet_endpoint="resource",
-        kubelet_max_body_bytes=10 * 1024 * 1024,
-        kubelet_max_in_flight=200,
-        node_selector="",
-    )  # type: ignore[return-value]
+    """The `kcms standalone` flags the demo runs with (every other flag at its default)."""
+    from kcms.cli import build_parser
+
+    return build_parser().parse_args(
+        [
+            "standalone",
+            "--kubelet-use-node-status-port",  # every simulated kubelet has a port of its own
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--metric-resolution={args.metric_resolution}s",
+        ]
+    )
 
 
 async def run_demo(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ binary and the official kubernetes Python client."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import copy
@@ -14,13 +15,13 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import aiohttp
 import pytest
 import trustme
 
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
+from kcms.cli import build_parser
 from kcms.collector.kubelet import KubeletClient
 from kcms.kube.client import KubeClient
 from kcms.kube.inventory import KubeInventory
@@ -34,24 +35,16 @@ BASE = "/apis/metrics.k8s.io/v1beta1"
 READER = "reader-token"
 
 
-def standalone_args(**over) -> SimpleNamespace:
-    args = dict(
-        metric_resolution=10.0,
-        kubelet_port=10250,
-        kubelet_use_node_status_port=True,
-        kubelet_preferred_address_types=["InternalIP"],
-        kubelet_insecure_tls=False,
-        kubelet_certificate_authority="",
-        kubelet_client_certificate="",
-        kubelet_client_key="",
-        kubelet_request_timeout=2.0,
-        kubelet_endpoint="resource",
-        kubelet_max_body_bytes=10 * 1024 * 1024,
-        kubelet_max_in_flight=50,
-        node_selector="",
-    )
-    args.update(over)
-    return SimpleNamespace(**args)
+def standalone_args(**over) -> argparse.Namespace:
+    """`kcms standalone` flags as the real parser gives them, with test overrides."""
+    args = build_parser().parse_args(
+        ["standalone", "--kubelet-use-node-status-port", "--kubelet-preferred-address-types=InternalIP",
+         "--metric-resolution=10s", "--kubelet-request-timeout=2s", "--kubelet-max-in-flight=50"]
+    )  # fmt: skip
+    for name, value in over.items():
+        assert hasattr(args, name), name
+        setattr(args, name, value)
+    return args
 
 
 class Env:

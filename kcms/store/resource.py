@@ -17,7 +17,9 @@ from prometheus_client import Gauge
 
 from kcms.model import NodeBatch, PodKey, ResourcePoint
 
-STORED = Gauge("kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"])
+STORED = Gauge(
+    "kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"]
+)
 
 # A container that started less than this long before its first reading gets no synthetic
 # "zero at start time" previous point: its first rate would rest on too short a window.
