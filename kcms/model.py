@@ -87,6 +87,18 @@ class Inventory(Protocol):
 
 
 @dataclass(slots=True, frozen=True)
+class ObjectRef:
+    """What a custom-metric series is about: a Kubernetes object, or nothing (external metrics)."""
+
+    resource: str  # group-resource: "pods", "nodes", "namespaces", "deployments.apps"; "" = external
+    namespace: str  # "" for cluster-scoped objects
+    name: str  # "" for external metrics
+
+
+Labels = tuple[tuple[str, str], ...]  # a series' metric labels, sorted by key
+
+
+@dataclass(slots=True, frozen=True)
 class UserInfo:
     """An authenticated caller (Kubernetes user.Info)."""
 
