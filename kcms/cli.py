@@ -152,6 +152,54 @@ def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_series_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("custom and external metrics (series store)")
+    g.add_argument(
+        "--series-retention",
+        type=parse_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long points of custom and external series are kept (default 10m)",
+    )
+    g.add_argument(
+        "--series-stale-after",
+        type=parse_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="a series with no point for this long is not served (default 5m)",
+    )
+    g.add_argument(
+        "--series-default-window",
+        type=parse_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="window of <metric>_agg_<fn> without an explicit window (default 1m)",
+    )
+    g.add_argument(
+        "--push-max-series",
+        type=_positive_int,
+        default=100_000,
+        metavar="N",
+        help="pushed series in total beyond which new ones are refused (default 100000)",
+    )
+    g.add_argument(
+        "--push-max-series-per-metric",
+        type=_positive_int,
+        default=10_000,
+        metavar="N",
+        help="pushed series of one metric beyond which new ones are refused (default 10000)",
+    )
+
+
+def validate_series_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.series_retention <= 0:
+        p.error("argument --series-retention: must be positive")
+    if not 0 < args.series_stale_after <= args.series_retention:
+        p.error("argument --series-stale-after: must be positive and at most --series-retention")
+    if not 0 < args.series_default_window <= args.series_retention:
+        p.error("argument --series-default-window: must be positive and at most --series-retention")
+
+
 def add_kube_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kubernetes API")
     g.add_argument(
@@ -307,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_kube_flags(p)
     add_kubelet_flags(p)
+    add_series_flags(p)
     add_serving_flags(p)
     add_auth_flags(p)
     add_logging_flags(p)
@@ -367,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "standalone":
         validate_kubelet_flags(sub, args)
         validate_serving_flags(sub, args)
+        validate_series_flags(sub, args)
         _check_files(sub, args, FILE_FLAGS)
         from kcms.standalone import run_standalone
 

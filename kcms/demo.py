@@ -15,6 +15,7 @@ from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient
 from kcms.kube.inventory import StaticInventory
 from kcms.sim import SimulatedCluster
+from kcms.sim.apps import SimulatedAppMetrics
 from kcms.standalone import build_pipeline, kubelet_config
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,13 @@ EXAMPLES = (
     "/apis/metrics.k8s.io/v1beta1/nodes",
     "/apis/metrics.k8s.io/v1beta1/nodes/{node}",
     "/apis/metrics.k8s.io/v1beta1/pods",
-    "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods",
     "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods?labelSelector=app%3D{app}",
     "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/{pod}",
+    "/apis/custom.metrics.k8s.io/v1beta2",
+    "/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/pods/*/http_requests_per_second",
+    "/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/deployments.apps/{app}/queue_backlog",
+    "/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/deployments.apps/{app}/queue_backlog_agg_max_5m",
+    "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/queue_backlog?labelSelector=queue%3Demails",
 )
 
 
@@ -116,8 +121,10 @@ async def run_demo(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    apps = SimulatedAppMetrics(cluster, pipeline.series)
     try:
         await pipeline.start()
+        apps.start()
         port = pipeline.server.port
         kubeconfig = os.path.join(work_dir, "kubeconfig")
         write_kubeconfig(
@@ -155,6 +162,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         else:
             await stop.wait()
     finally:
+        await apps.stop()
         await pipeline.stop()
         await cluster.stop()
     return 0

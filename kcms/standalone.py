@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
 
+from kcms.apis.custom import CustomMetricsAPI
+from kcms.apis.external import ExternalMetricsAPI
 from kcms.apis.metrics.api import MetricsAPI
+from kcms.apis.objects import ObjectLabels
+from kcms.apis.provider import StoreProvider
+from kcms.apis.push import PushAPI, PushLimits
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import Collector
@@ -16,6 +22,7 @@ from kcms.heap import HeapFreezer
 from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
 from kcms.store.resource import ResourceStore
+from kcms.store.series import SeriesStore
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +66,31 @@ class Pipeline:
     kubelets: KubeletClient
     collector: Collector
     server: AggregatedAPIServer
+    series: SeriesStore
+    push: PushAPI
+    _gc: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.collector.start()
+        self._gc = asyncio.create_task(self._collect_series_garbage(), name="kcms-series-gc")
         await self.server.start()
 
     async def stop(self) -> None:
         self.server.set_shutting_down()
         await self.server.stop()
         await self.collector.stop()
+        if self._gc is not None:
+            self._gc.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gc
         await self.kubelets.close()
+
+    async def _collect_series_garbage(self) -> None:
+        """Retention for custom series: a bounded slice of the store every second, so a pass over
+        a million series takes ~100 s and no single step holds the event loop for long."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.series.collect_garbage(budget=10_000)
 
 
 def build_pipeline(
@@ -102,8 +124,28 @@ def build_pipeline(
         node_filter=None if selector.empty else (lambda n: selector.matches(n.labels)),
         on_cycle=after_cycle,
     )
+    series = SeriesStore(
+        retention=args.series_retention,
+        stale_after=args.series_stale_after,
+        default_window=args.series_default_window,
+    )
     server = AggregatedAPIServer(serving, authn, authz, kube_client=kube_client)
     server.install(MetricsAPI(inventory, store).group_version())
+    # custom.metrics.k8s.io and external.metrics.k8s.io over the series store: one server for
+    # all three groups (Kubernetes allows one backend per group; here they share one process).
+    objects = ObjectLabels(inventory, kube_client)
+    provider = StoreProvider(series, objects.namespaced)
+    for gv in CustomMetricsAPI([provider], objects).group_versions():
+        server.install(gv)
+    server.install(ExternalMetricsAPI([provider]).group_version())
+    push = PushAPI(
+        series,
+        PushLimits(
+            max_series_total=args.push_max_series, max_series_per_metric=args.push_max_series_per_metric
+        ),
+    )
+    for method, path, handler in push.routes():
+        server.app.router.add_route(method, path, handler)
     server.add_check("metric-collection-timely", collector.healthy, livez=True, readyz=False)
     server.add_check(
         "metric-storage-ready",
@@ -117,7 +159,7 @@ def build_pipeline(
         livez=False,
         readyz=True,
     )
-    return Pipeline(inventory, store, kubelets, collector, server)
+    return Pipeline(inventory, store, kubelets, collector, server, series, push)
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:

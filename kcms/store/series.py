@@ -1,0 +1,406 @@
+"""In-memory time series for custom and external metrics.
+
+A series is a metric name, an object reference and sorted metric labels; its points live in one
+compact ``bytearray`` of packed native ``timestamp, value`` double pairs (16 bytes a point, no
+per-point Python objects). Points of a series must arrive in strictly increasing timestamp order: a
+point not newer than the series' last one is refused (``append`` returns ``False``), so duplicates
+from retried pushes are harmless.
+
+Bounds:
+
+* ``max_points``: queries see at most the newest ``max_points`` points of a series. A series is
+  trimmed back to ``max_points`` when it reaches ``max_points + max_points // 8`` points, so a trim
+  happens once per ``max_points // 8`` appends rather than on every one.
+* ``retention``: a point is kept while ``now - timestamp <= retention`` (a point exactly
+  ``retention`` seconds old is still kept). :meth:`SeriesStore.collect_garbage` drops older points
+  incrementally, visiting at most ``budget`` series per call and resuming where the previous call
+  stopped; a series whose newest point has expired is removed from every index (and from discovery
+  when it was the last series of its ``(resource, metric)``).
+* ``stale_after``: a series whose newest point is more than ``stale_after`` seconds old is not
+  returned by queries (but kept until retention).
+
+Index: ``metric -> resource -> namespace -> node``, where a node maps an object name (series
+without labels) or ``(name, labels)`` to the series' points; next to each namespace's node, the key
+``(namespace,)`` holds ``{name: (labels, ...)}`` for the names that have labelled series. Discovery
+keeps a count of series per ``(resource, metric)``, updated as series are created and removed.
+
+Memory layout and the garbage collector: nodes hold only strings, tuples of strings and
+bytearrays, none of which the cyclic garbage collector needs to track, so CPython untracks the
+nodes and tuples and a full collection does not visit a million series (an ``array('d')`` per series
+or a list of per-series records would be visited on every full collection: ~100 ms at 1 M series).
+
+Aggregations (``<name>_agg_<fn>[_<window>]``) read the points whose timestamps lie in
+``[last - window, last]`` where ``last`` is the series' newest timestamp (both ends included), and
+report as their window the span actually covered: newest minus oldest timestamp used (``0`` for
+``latest``, which uses one point). Rates report the interval between the two points used.
+
+Not thread-safe: use it from one thread (the event loop).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from array import array
+from collections.abc import Collection, Iterable
+from itertools import islice
+from typing import NamedTuple
+
+from kcms.model import Labels, ObjectRef
+from kcms.selectors import LabelSelector
+from kcms.store.query import aggregate, counter_rate, parse_metric_name, validate_metric_name
+
+__all__ = ["Result", "SeriesStore"]
+
+Sample = tuple[str, ObjectRef, Labels, float, float]
+
+# name (series without labels) or (name, labels) -> packed points
+_Node = dict[str | tuple[str, Labels], bytearray]
+# name -> labels of that name's labelled series
+_Labelled = dict[str, tuple[Labels, ...]]
+
+_POINT = 16  # bytes per point
+_pack_point = struct.Struct("=dd").pack
+_unpack_ts = struct.Struct("=d").unpack_from
+_unpack_point = struct.Struct("=dd").unpack_from
+_unpack_two = struct.Struct("=dddd").unpack_from
+
+
+class Result(NamedTuple):
+    """One answer of :meth:`SeriesStore.query`.
+
+    ``window`` is ``None`` for a plain (latest) value, else the seconds actually covered by the rate
+    or aggregation.
+    """
+
+    obj: ObjectRef
+    labels: Labels
+    value: float
+    timestamp: float
+    window: float | None
+
+
+def _first_at_or_after(points: array, t: float) -> int:
+    """Index (in points, not array slots) of the first point of interleaved ``points`` whose
+    timestamp is ``>= t``; the number of points if there is none."""
+    lo = 0
+    hi = len(points) >> 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if points[mid << 1] < t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _check_labels(labels: Labels) -> Labels:
+    """``labels`` as a tuple of ``(str, str)`` pairs sorted by key, or ``ValueError``."""
+    try:
+        pairs = tuple((k, v) for k, v in labels)
+    except (TypeError, ValueError):
+        raise ValueError(f"labels must be (key, value) pairs, not {labels!r}") from None
+    for k, v in pairs:
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ValueError(f"label keys and values must be strings, not {k!r}={v!r}")
+    out = tuple(sorted(pairs))
+    if len({k for k, _ in out}) != len(out):
+        raise ValueError(f"duplicate label key in {labels!r}")
+    return out
+
+
+class SeriesStore:
+    """Bounded in-memory series store with label-aware queries (see the module docstring)."""
+
+    def __init__(
+        self,
+        retention: float = 600.0,
+        stale_after: float = 300.0,
+        max_points: int = 720,
+        default_window: float = 60.0,
+    ) -> None:
+        if not retention > 0:
+            raise ValueError(f"retention must be positive, not {retention!r}")
+        if not 0 < stale_after <= retention:
+            raise ValueError(f"stale_after must be in (0, retention], not {stale_after!r}")
+        if max_points < 2:
+            raise ValueError(f"max_points must be at least 2, not {max_points!r}")
+        if not 0 < default_window <= retention:
+            raise ValueError(f"default_window must be in (0, retention], not {default_window!r}")
+        self.retention = float(retention)
+        self.stale_after = float(stale_after)
+        self.max_points = int(max_points)
+        self.default_window = float(default_window)
+        self._keep = _POINT * self.max_points  # bytes kept by a trim
+        self._trim_at = _POINT * (self.max_points + max(1, self.max_points // 8))
+        # metric -> resource -> {namespace: node, (namespace,): labelled names}
+        self._index: dict[str, dict[str, dict]] = {}
+        self._discovery: dict[tuple[str, str], int] = {}
+        self._n_series = 0
+        self._points = 0
+        # garbage collection cursor: nodes still to visit in this pass, current node, position in it
+        self._gc_nodes: list[tuple[str, str, str]] = []
+        self._gc_node: tuple[str, str, str] | None = None
+        self._gc_pos = 0
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, metric: str, obj: ObjectRef, labels: Labels, timestamp: float, value: float) -> bool:
+        """Store one point. ``False`` (nothing stored) if it is not newer than the series' last point.
+
+        Raises ``ValueError`` for a NaN or infinite timestamp or value, a timestamp or value that is
+        not a number, an invalid metric name, an ``obj`` that is not an ``ObjectRef`` or malformed
+        labels (labels are sorted by key if they are not already).
+        """
+        return self.append_many(((metric, obj, labels, timestamp, value),)) == 1
+
+    def append_many(self, samples: Iterable[Sample]) -> int:
+        """Store ``(metric, obj, labels, timestamp, value)`` samples; return how many were accepted.
+
+        Samples not newer than their series' last point are skipped. An invalid sample raises
+        ``ValueError`` as in :meth:`append`; the samples before it stay stored.
+        """
+        index = self._index
+        keep = self._keep
+        trim_at = self._trim_at
+        pack = _pack_point
+        last_ts = _unpack_ts
+        accepted = 0
+        dropped = 0
+        try:
+            for metric, obj, labels, ts, value in samples:
+                # x - x is 0.0 for a finite float and NaN (truthy) for NaN or +-inf
+                if ts - ts or value - value:
+                    raise ValueError(f"timestamp and value must be finite, not {ts!r}, {value!r}")
+                try:
+                    points = index[metric][obj.resource][obj.namespace][
+                        (obj.name, labels) if labels else obj.name
+                    ]
+                except (KeyError, TypeError, AttributeError):
+                    points = self._new_series(metric, obj, labels, ts, value)
+                n = len(points)
+                if n:
+                    if ts <= last_ts(points, n - 16)[0]:
+                        continue
+                    if n >= trim_at:
+                        del points[: n - keep + 16]
+                        dropped += (n - keep + 16) >> 4
+                try:
+                    points += pack(ts, value)
+                except (struct.error, TypeError, OverflowError) as e:
+                    raise ValueError(f"timestamp and value must be floats: {e}") from None
+                accepted += 1
+        except TypeError as e:  # a sample that is not (str, ObjectRef, labels, number, number)
+            raise ValueError(f"malformed sample: {e}") from None
+        finally:
+            self._points += accepted - dropped
+        return accepted
+
+    def _new_series(self, metric: str, obj: ObjectRef, labels: Labels, ts: float, value: float) -> bytearray:
+        """The series for a key not found by the fast path: created, or found under sorted labels.
+
+        Checks everything the fast path does not, before creating anything, so that no series is
+        left empty: the metric name, the object, the labels, and that the point converts to floats.
+        """
+        try:
+            float(ts), float(value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"timestamp and value must be floats: {e}") from None
+        if metric not in self._index:
+            validate_metric_name(metric)
+        if not isinstance(obj, ObjectRef):
+            raise ValueError(f"obj must be an ObjectRef, not {obj!r}")
+        labels = _check_labels(labels)
+        by_namespace = self._index.setdefault(metric, {}).setdefault(obj.resource, {})
+        node: _Node = by_namespace.setdefault(obj.namespace, {})
+        key = (obj.name, labels) if labels else obj.name
+        points = node.get(key)
+        if points is None:
+            points = node[key] = bytearray()
+            if labels:
+                labelled: _Labelled = by_namespace.setdefault((obj.namespace,), {})
+                labelled[obj.name] = labelled.get(obj.name, ()) + (labels,)
+            self._n_series += 1
+            dkey = (obj.resource, metric)
+            self._discovery[dkey] = self._discovery.get(dkey, 0) + 1
+        return points
+
+    # ------------------------------------------------------------------ retention
+
+    def collect_garbage(self, now: float | None = None, budget: int = 10000) -> int:
+        """Drop points older than the retention from at most ``budget`` series; return points dropped.
+
+        Each call resumes where the previous one stopped, so calling this often with a modest budget
+        bounds each call's duration while every series is visited once per pass.
+        """
+        now = time.time() if now is None else now
+        cutoff = now - self.retention
+        left = min(budget, self._n_series)
+        dropped = 0
+        while left > 0:
+            if self._gc_node is None:
+                if not self._gc_nodes:
+                    self._gc_nodes = [
+                        (m, r, ns)
+                        for m, by_resource in self._index.items()
+                        for r, by_namespace in by_resource.items()
+                        for ns in by_namespace
+                        if type(ns) is str
+                    ]
+                    self._gc_nodes.reverse()
+                self._gc_node = self._gc_nodes.pop()
+                self._gc_pos = 0
+            metric, resource, namespace = self._gc_node
+            node = self._index.get(metric, {}).get(resource, {}).get(namespace)
+            entries = list(islice(node.items(), self._gc_pos, self._gc_pos + left)) if node else []
+            if not entries:
+                self._gc_node = None
+                continue
+            left -= len(entries)
+            removed = 0
+            for key, points in entries:
+                n = len(points)
+                if _unpack_ts(points, n - 16)[0] < cutoff:
+                    dropped += n >> 4
+                    removed += 1
+                    self._remove(metric, resource, namespace, key)
+                elif _unpack_ts(points)[0] < cutoff:
+                    k = _first_at_or_after(array("d", points), cutoff)
+                    del points[: k << 4]
+                    dropped += k
+            # entries after the visited ones moved up by the number removed
+            self._gc_pos += len(entries) - removed
+        self._points -= dropped
+        return dropped
+
+    def _remove(self, metric: str, resource: str, namespace: str, key: str | tuple[str, Labels]) -> None:
+        by_resource = self._index[metric]
+        by_namespace = by_resource[resource]
+        node = by_namespace[namespace]
+        del node[key]
+        if type(key) is tuple:
+            name, labels = key
+            labelled = by_namespace[(namespace,)]
+            rest = tuple(lb for lb in labelled[name] if lb != labels)
+            if rest:
+                labelled[name] = rest
+            else:
+                del labelled[name]
+                if not labelled:
+                    del by_namespace[(namespace,)]
+        if not node:
+            del by_namespace[namespace]
+            if not by_namespace:
+                del by_resource[resource]
+                if not by_resource:
+                    del self._index[metric]
+        self._n_series -= 1
+        dkey = (resource, metric)
+        count = self._discovery[dkey] - 1
+        if count:
+            self._discovery[dkey] = count
+        else:
+            del self._discovery[dkey]
+
+    # ------------------------------------------------------------------ reading
+
+    def metrics(self) -> list[tuple[str, str]]:
+        """``(resource, series metric name)`` pairs that have at least one series (external: ``""``)."""
+        return list(self._discovery)
+
+    def stats(self) -> dict[str, int]:
+        """Counts: ``series``, ``points`` (held in memory) and ``metrics`` (distinct series names)."""
+        return {"series": self._n_series, "points": self._points, "metrics": len(self._index)}
+
+    def query(
+        self,
+        resource: str,
+        namespace: str,
+        names: Collection[str] | None,
+        metric: str,
+        label_selector: LabelSelector | None = None,
+        now: float | None = None,
+    ) -> list[Result]:
+        """Values of ``metric`` (a requested name in the grammar of :mod:`kcms.store.query`) for the
+        objects ``names`` of ``resource`` in ``namespace`` (``None``: all of them; ``""`` namespace
+        for cluster-scoped objects and for external metrics of no namespace).
+
+        Stale series, series with too few points for a rate, unknown metrics and malformed names
+        give no result (never an exception). With ``names``, results come in the order of
+        ``names``, each name's unlabelled series first; without, in series creation order.
+        """
+        by_resource = self._index.get(metric)
+        kind = "latest"
+        fn: str | None = None
+        window = 0.0
+        if by_resource is None:
+            try:
+                q = parse_metric_name(metric, self.retention)
+            except ValueError:
+                return []
+            if q.kind == "latest":
+                return []
+            by_resource = self._index.get(q.series)
+            if by_resource is None:
+                return []
+            kind = q.kind
+            fn = q.fn
+            window = self.default_window if q.window is None else q.window
+        by_namespace = by_resource.get(resource)
+        if by_namespace is None:
+            return []
+        node: _Node | None = by_namespace.get(namespace)
+        if node is None:
+            return []
+        if names is None:
+            entries: Iterable[tuple[str | tuple[str, Labels], bytearray]] = node.items()
+        else:
+            labelled: _Labelled = by_namespace.get((namespace,), {})
+            found: list[tuple[str | tuple[str, Labels], bytearray]] = []
+            for name in dict.fromkeys(names):
+                points = node.get(name)
+                if points is not None:
+                    found.append((name, points))
+                for labels in labelled.get(name, ()):
+                    key = (name, labels)
+                    found.append((key, node[key]))
+            entries = found
+
+        now = time.time() if now is None else now
+        fresh_after = now - self.stale_after
+        oldest = now - self.retention
+        view = self._keep
+        unpack_point = _unpack_point
+        unpack_two = _unpack_two
+        selector = label_selector if label_selector is not None and not label_selector.empty else None
+        out: list[Result] = []
+        append = out.append
+        for key, points in entries:
+            n = len(points)
+            last_ts, value = unpack_point(points, n - 16)
+            if last_ts < fresh_after:
+                continue
+            if type(key) is str:
+                name = key
+                labels = ()
+            else:
+                name, labels = key
+            if selector is not None and not selector.matches(dict(labels)):
+                continue
+            if kind == "latest":
+                span: float | None = None
+            elif kind == "rate":
+                if n < 32:
+                    continue
+                t0, v0, _, _ = unpack_two(points, n - 32)
+                value = counter_rate(t0, v0, last_ts, value)
+                span = last_ts - t0
+            elif fn == "latest":
+                span = 0.0
+            else:
+                visible = array("d", points[max(0, n - view) :])
+                first = _first_at_or_after(visible, max(last_ts - window, oldest)) << 1
+                value = aggregate(fn, visible[first + 1 :: 2])  # type: ignore[arg-type]
+                span = last_ts - visible[first]
+            append(Result(ObjectRef(resource, namespace, name), labels, value, last_ts, span))
+        return out
