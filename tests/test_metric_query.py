@@ -1,0 +1,213 @@
+"""The custom-metric name grammar and the aggregation math (kcms.store.query)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kcms.store.query import (
+    AGG_FUNCTIONS,
+    MetricQuery,
+    aggregate,
+    counter_rate,
+    format_metric_name,
+    format_window,
+    parse_metric_name,
+    percentile,
+    validate_metric_name,
+)
+
+# ------------------------------------------------------------------ grammar: examples
+
+
+def test_plain_name_is_latest():
+    assert parse_metric_name("http_requests") == MetricQuery("http_requests", "latest")
+    assert parse_metric_name("a:b_c") == MetricQuery("a:b_c", "latest")
+    assert parse_metric_name("_x") == MetricQuery("_x", "latest")
+
+
+def test_per_second_reads_the_total_counter():
+    assert parse_metric_name("http_requests_per_second") == MetricQuery("http_requests_total", "rate")
+
+
+def test_aggregation_forms():
+    assert parse_metric_name("latency_agg_p99_5m") == MetricQuery("latency", "agg", "p99", 300.0)
+    assert parse_metric_name("latency_agg_avg_30s") == MetricQuery("latency", "agg", "avg", 30.0)
+    assert parse_metric_name("latency_agg_max_2h") == MetricQuery("latency", "agg", "max", 7200.0)
+    assert parse_metric_name("latency_agg_min") == MetricQuery("latency", "agg", "min", None)
+    for fn in AGG_FUNCTIONS:
+        assert parse_metric_name(f"q_agg_{fn}") == MetricQuery("q", "agg", fn, None)
+
+
+def test_last_agg_separator_wins():
+    # the base name may itself contain _agg_ or end in _per_second
+    assert parse_metric_name("x_agg_avg_agg_p50_1m") == MetricQuery("x_agg_avg", "agg", "p50", 60.0)
+    assert parse_metric_name("x_per_second_agg_max") == MetricQuery("x_per_second", "agg", "max", None)
+    assert parse_metric_name("x__agg_avg") == MetricQuery("x_", "agg", "avg", None)
+
+
+def test_window_limit():
+    assert parse_metric_name("x_agg_avg_10m", max_window=600.0).window == 600.0
+    with pytest.raises(ValueError, match="longer than the retention"):
+        parse_metric_name("x_agg_avg_11m", max_window=600.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "must not be empty"),
+        ("http-requests", "invalid metric name"),
+        ("9lives", "invalid metric name"),
+        ("a b", "invalid metric name"),
+        ("x_agg_p98", "unknown aggregation function 'p98'"),
+        ("x_agg_", "unknown aggregation function ''"),
+        ("x_agg_mean_5m", "unknown aggregation function 'mean'"),
+        ("_agg_avg", "no series name before"),
+        ("x_agg_avg_", "invalid aggregation window ''"),
+        ("x_agg_avg_5", "invalid aggregation window '5'"),
+        ("x_agg_avg_5d", "invalid aggregation window '5d'"),
+        ("x_agg_avg_0s", "invalid aggregation window '0s'"),
+        ("x_agg_avg_05m", "invalid aggregation window '05m'"),
+        ("x_agg_avg_5m_1s", "invalid aggregation window '5m_1s'"),
+        ("x_agg_avg_m", "invalid aggregation window 'm'"),
+        ("_per_second", "no counter name before"),
+    ],
+)
+def test_malformed_names_say_what_is_wrong(name, problem):
+    with pytest.raises(ValueError, match=problem.replace("(", r"\(")) as info:
+        parse_metric_name(name)
+    if name:
+        assert repr(name) in str(info.value) or name in str(info.value)
+
+
+def test_validate_metric_name_rejects_non_strings():
+    with pytest.raises(ValueError, match="must be a string"):
+        validate_metric_name(42)  # type: ignore[arg-type]
+
+
+def test_format_window_picks_largest_unit():
+    assert format_window(3600) == "1h"
+    assert format_window(300) == "5m"
+    assert format_window(90) == "90s"
+    assert format_window(5400) == "90m"
+    for bad in (0, -60, 1.5):
+        with pytest.raises(ValueError):
+            format_window(bad)
+
+
+def test_format_rejects_what_cannot_be_spelled():
+    with pytest.raises(ValueError, match="_total"):
+        format_metric_name(MetricQuery("requests", "rate"))
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        format_metric_name(MetricQuery("x", "agg", "median", None))
+
+
+# ------------------------------------------------------------------ grammar: properties
+
+_first = st.sampled_from("abcxyzABC_:")
+_rest = st.text(alphabet="abcz019_:", max_size=12)
+names = st.builds(lambda a, b: a + b, _first, _rest)
+windows = st.builds(lambda n, unit: float(n * unit), st.integers(1, 10_000), st.sampled_from([1, 60, 3600]))
+
+
+@st.composite
+def queries(draw) -> MetricQuery:
+    kind = draw(st.sampled_from(["latest", "rate", "agg"]))
+    if kind == "latest":
+        name = draw(names.filter(lambda n: "_agg_" not in n and not n.endswith("_per_second")))
+        return MetricQuery(name, "latest")
+    if kind == "rate":
+        return MetricQuery(draw(names.filter(lambda n: "_agg_" not in n)) + "_total", "rate")
+    return MetricQuery(draw(names), "agg", draw(st.sampled_from(AGG_FUNCTIONS)), draw(st.none() | windows))
+
+
+@given(queries())
+def test_format_then_parse_round_trips(q):
+    text = format_metric_name(q)
+    assert parse_metric_name(text) == q
+    assert format_metric_name(parse_metric_name(text)) == text
+
+
+@given(names)
+def test_parse_then_format_round_trips_valid_names(name):
+    try:
+        q = parse_metric_name(name)
+    except ValueError as e:
+        # only a malformed aggregation suffix can be rejected once the characters are valid
+        assert "_agg_" in name or name == "_per_second", e
+        return
+    assert parse_metric_name(format_metric_name(q)) == q
+
+
+@given(st.text(max_size=20))
+def test_parse_never_fails_other_than_value_error(text):
+    try:
+        q = parse_metric_name(text)
+    except ValueError as e:
+        assert str(e)
+    else:
+        assert q.series and q.kind in ("latest", "rate", "agg")
+
+
+# ------------------------------------------------------------------ aggregation math
+
+floats = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+def nearest_rank(values, p):
+    """Textbook nearest rank: the smallest value with at least p% of values <= it."""
+    ordered = sorted(values)
+    n = len(ordered)
+    for i, v in enumerate(ordered):
+        if (i + 1) * 100 >= p * n:
+            return v
+    raise AssertionError("unreachable")
+
+
+@settings(max_examples=300)
+@given(st.lists(floats, min_size=1, max_size=200))
+def test_aggregations_match_direct_computation(values):
+    assert aggregate("min", values) == min(values)
+    assert aggregate("max", values) == max(values)
+    assert aggregate("latest", values) == values[-1]
+    assert aggregate("avg", values) == pytest.approx(math.fsum(values) / len(values), rel=1e-12, abs=1e-9)
+    for fn, p in (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
+        got = aggregate(fn, values)
+        assert got == nearest_rank(values, p)
+        assert got in values
+        assert sum(v <= got for v in values) * 100 >= p * len(values)
+        assert sum(v < got for v in values) * 100 < p * len(values)
+
+
+def test_percentile_examples():
+    assert percentile([15, 20, 35, 40, 50], 50) == 35
+    assert percentile([15, 20, 35, 40, 50], 90) == 50
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile(list(range(1, 101)), 95) == 95
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        aggregate("p42", [1.0])
+
+
+def test_counter_rate_examples():
+    assert counter_rate(0.0, 10.0, 10.0, 30.0) == 2.0
+    assert counter_rate(0.0, 10.0, 10.0, 10.0) == 0.0
+    assert counter_rate(0.0, 100.0, 10.0, 5.0) == 0.5  # reset: restarted from 0, counted 5 since
+    assert counter_rate(0.0, 100.0, 10.0, 0.0) == 0.0
+    assert counter_rate(0.0, 100.0, 10.0, -3.0) == 0.0  # never negative
+
+
+@given(
+    st.floats(0, 1e9),
+    st.floats(min_value=1e-3, max_value=1e6),
+    floats,
+    floats,
+)
+def test_counter_rate_never_negative(t0, dt, v0, v1):
+    r = counter_rate(t0, v0, t0 + dt, v1)
+    assert r >= 0.0
+    if v1 >= v0:
+        assert r == pytest.approx((v1 - v0) / ((t0 + dt) - t0))

@@ -1,0 +1,446 @@
+"""SeriesStore: bounded series, refusals, retention and incremental GC, staleness, queries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kcms.model import ObjectRef
+from kcms.selectors import parse_label_selector
+from kcms.store.query import AGG_FUNCTIONS, counter_rate, percentile
+from kcms.store.series import Result, SeriesStore
+
+T0 = 1_700_000_000.0
+
+
+def pod(name: str, ns: str = "default") -> ObjectRef:
+    return ObjectRef("pods", ns, name)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def test_append_and_latest():
+    s = SeriesStore()
+    assert s.append("queue_depth", pod("a"), (), T0, 3.0)
+    assert s.append("queue_depth", pod("a"), (), T0 + 15, 5.0)
+    assert s.query("pods", "default", ["a"], "queue_depth", now=T0 + 20) == [
+        Result(pod("a"), (), 5.0, T0 + 15, None)
+    ]
+    assert s.stats() == {"series": 1, "points": 2, "metrics": 1}
+
+
+def test_duplicates_and_out_of_order_points_are_refused():
+    s = SeriesStore()
+    assert s.append("m", pod("a"), (), T0 + 10, 1.0)
+    assert not s.append("m", pod("a"), (), T0 + 10, 2.0)  # same timestamp
+    assert not s.append("m", pod("a"), (), T0 + 5, 3.0)  # older
+    assert s.query("pods", "default", None, "m", now=T0 + 10)[0].value == 1.0
+    assert s.stats()["points"] == 1
+    batch = [("m", pod("a"), (), T0 + t, float(t)) for t in (20, 20, 15, 30, 25, 40)]
+    assert s.append_many(batch) == 3  # 20, 30, 40
+    assert s.stats()["points"] == 4
+    assert s.query("pods", "default", None, "m_agg_min_1m", now=T0 + 40)[0].value == 1.0
+
+
+@pytest.mark.parametrize(
+    ("ts", "value"),
+    [(T0, math.nan), (T0, math.inf), (T0, -math.inf), (math.nan, 1.0), (math.inf, 1.0)],
+)
+def test_non_finite_points_raise_and_store_nothing(ts, value):
+    s = SeriesStore()
+    with pytest.raises(ValueError, match="finite"):
+        s.append("m", pod("a"), (), ts, value)
+    assert s.stats() == {"series": 0, "points": 0, "metrics": 0}
+    assert s.metrics() == []
+
+
+def test_non_numbers_raise_without_leaving_a_broken_series():
+    s = SeriesStore()
+    for ts, value in ((T0, "1"), ("1", 1.0), (None, 1.0), (T0, None)):
+        with pytest.raises(ValueError):
+            s.append("m", pod("a"), (), ts, value)  # type: ignore[arg-type]
+    for _ in range(2):  # before and after metric m exists
+        with pytest.raises(ValueError, match="ObjectRef"):
+            s.append("m", ("pods", "default", "a"), (), T0, 1.0)  # type: ignore[arg-type]
+        s.append("m", pod("z"), (), T0, 1.0)
+    with pytest.raises(ValueError):
+        s.append_many([("m", pod("a"), (), T0)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="floats"):
+        s.append("m", pod("a"), (), T0, 10**400)
+    assert s.stats()["series"] == 1  # only pod z
+    s.append("m", pod("a"), (), T0, 1.0)
+    with pytest.raises(ValueError, match="floats"):
+        s.append("m", pod("a"), (), T0 + 1, 10**400)
+    s.append("m", pod("a"), (), T0 + 2, 2.0)  # the series is still aligned
+    assert s.query("pods", "default", ["a"], "m_per_second", now=T0 + 2) == []
+    assert s.query("pods", "default", ["a"], "m", now=T0 + 2)[0].value == 2.0
+    assert s.query("pods", "default", ["a"], "m_agg_avg", now=T0 + 2)[0].value == 1.5
+
+
+@pytest.mark.parametrize("metric", ["", "bad-name", "1abc", "a b", "x.y"])
+def test_invalid_metric_names_raise(metric):
+    s = SeriesStore()
+    with pytest.raises(ValueError, match="metric name"):
+        s.append(metric, pod("a"), (), T0, 1.0)
+    assert s.stats()["series"] == 0
+
+
+def test_labels_are_validated_and_sorted():
+    s = SeriesStore()
+    with pytest.raises(ValueError, match="pairs"):
+        s.append("m", pod("a"), ("x",), T0, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strings"):
+        s.append("m", pod("a"), (("k", 1),), T0, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="duplicate"):
+        s.append("m", pod("a"), (("k", "1"), ("k", "2")), T0, 1.0)
+    assert s.append("m", pod("a"), (("z", "1"), ("a", "2")), T0, 1.0)
+    assert not s.append("m", pod("a"), (("a", "2"), ("z", "1")), T0, 2.0)  # the same series
+    assert s.append("m", pod("a"), (("a", "2"), ("z", "1")), T0 + 1, 2.0)
+    [r] = s.query("pods", "default", None, "m", now=T0 + 1)
+    assert r.labels == (("a", "2"), ("z", "1"))
+    assert s.stats()["series"] == 1
+
+
+def test_append_many_raises_at_a_bad_sample_and_keeps_the_ones_before():
+    s = SeriesStore()
+    batch = [("m", pod("a"), (), T0, 1.0), ("m", pod("b"), (), T0, math.nan), ("m", pod("c"), (), T0, 1.0)]
+    with pytest.raises(ValueError):
+        s.append_many(batch)
+    assert [r.obj.name for r in s.query("pods", "default", None, "m", now=T0)] == ["a"]
+    assert s.stats() == {"series": 1, "points": 1, "metrics": 1}
+
+
+def test_max_points_bounds_storage_and_queries():
+    s = SeriesStore(retention=10_000, stale_after=100, max_points=16, default_window=10_000)
+    for i in range(1000):
+        s.append("m", pod("a"), (), T0 + i, float(i))
+        assert s.stats()["points"] <= 16 + 16 // 8
+        [r] = s.query("pods", "default", None, "m_agg_min", now=T0 + i)
+        assert r.value == max(0, i - 15)  # queries see exactly the newest 16 points
+        assert r.window == min(i, 15)
+    assert s.stats()["points"] >= 16
+
+
+# ------------------------------------------------------------------ discovery and indexes
+
+
+def test_discovery_is_incremental():
+    s = SeriesStore(retention=100, stale_after=50)
+    assert s.metrics() == []
+    s.append("rps", pod("a"), (), T0, 1.0)
+    s.append("rps", pod("b", "other"), (("path", "root"),), T0 + 50, 1.0)
+    s.append("rps", ObjectRef("deployments.apps", "default", "web"), (), T0, 1.0)
+    s.append("queue", ObjectRef("", "default", ""), (), T0, 1.0)
+    s.append("up", ObjectRef("nodes", "", "n1"), (), T0, 1.0)
+    assert sorted(s.metrics()) == [
+        ("", "queue"),
+        ("deployments.apps", "rps"),
+        ("nodes", "up"),
+        ("pods", "rps"),
+    ]
+    # GC after pod a's only point expired: pods/rps stays, pod b still has a series
+    assert s.collect_garbage(now=T0 + 120) == 4
+    assert s.metrics() == [("pods", "rps")]
+    assert s.query("pods", "default", None, "rps", now=T0 + 120) == []
+    assert [r.obj for r in s.query("pods", "other", None, "rps", now=T0 + 100)] == [pod("b", "other")]
+    s.collect_garbage(now=T0 + 151)
+    assert s.metrics() == []
+    assert s.stats() == {"series": 0, "points": 0, "metrics": 0}
+    assert s._index == {}  # every level pruned
+    # a removed series can come back
+    s.append("rps", pod("a"), (), T0 + 200, 1.0)
+    assert s.metrics() == [("pods", "rps")]
+
+
+def test_query_scopes_by_resource_namespace_and_names():
+    s = SeriesStore()
+    for ns in ("a", "b"):
+        for name in ("p1", "p2", "p3"):
+            s.append("m", pod(name, ns), (), T0, float(len(ns + name)))
+    s.append("m", ObjectRef("nodes", "", "n1"), (), T0, 7.0)
+    s.append("m", ObjectRef("", "a", ""), (("queue", "q1"),), T0, 8.0)
+    s.append("m", ObjectRef("", "", ""), (), T0, 9.0)
+    q = s.query
+    assert [r.obj.name for r in q("pods", "a", None, "m", now=T0)] == ["p1", "p2", "p3"]
+    assert [r.obj for r in q("pods", "b", ["p3", "nope", "p1", "p3"], "m", now=T0)] == [
+        pod("p3", "b"),
+        pod("p1", "b"),
+    ]
+    assert q("pods", "c", None, "m", now=T0) == []
+    assert q("pods", "", None, "m", now=T0) == []
+    assert [r.value for r in q("nodes", "", None, "m", now=T0)] == [7.0]
+    assert q("nodes", "", ["n2"], "m", now=T0) == []
+    assert q("", "a", None, "m", now=T0) == [
+        Result(ObjectRef("", "a", ""), (("queue", "q1"),), 8.0, T0, None)
+    ]
+    assert [r.value for r in q("", "", None, "m", now=T0)] == [9.0]
+    assert q("services", "a", None, "m", now=T0) == []
+    assert q("pods", "a", None, "unknown", now=T0) == []
+    assert q("pods", "a", None, "unknown_per_second", now=T0) == []
+    assert q("pods", "a", None, "m_agg_nope", now=T0) == []  # malformed: nothing, no exception
+    assert q("pods", "a", None, "m_agg_avg_1h", now=T0) == []  # window beyond retention
+    assert q("pods", "a", None, "bad-name", now=T0) == []
+
+
+def test_label_selector_matches_series_labels():
+    s = SeriesStore()
+    for path in ("root", "api", "health"):
+        for code in ("200", "500"):
+            s.append("http_requests", pod("a"), (("code", code), ("path", path)), T0, 1.0)
+    sel = parse_label_selector
+    assert len(s.query("pods", "default", None, "http_requests", sel("code=500"), now=T0)) == 3
+    got = s.query("pods", "default", None, "http_requests", sel("code=200,path in (api,root)"), now=T0)
+    assert sorted(r.labels for r in got) == [
+        (("code", "200"), ("path", "api")),
+        (("code", "200"), ("path", "root")),
+    ]
+    assert len(s.query("pods", "default", None, "http_requests", sel(""), now=T0)) == 6
+    assert len(s.query("pods", "default", None, "http_requests", None, now=T0)) == 6
+    assert s.query("pods", "default", None, "http_requests", sel("!code"), now=T0) == []
+    assert len(s.query("pods", "default", None, "http_requests", sel("tier notin (x)"), now=T0)) == 6
+
+
+def test_literal_series_name_wins_over_the_grammar():
+    s = SeriesStore()
+    s.append("jobs_per_second", pod("a"), (), T0, 42.0)
+    s.append("jobs_total", pod("a"), (), T0, 0.0)
+    s.append("jobs_total", pod("a"), (), T0 + 10, 50.0)
+    assert s.query("pods", "default", None, "jobs_per_second", now=T0 + 10)[0].value == 42.0
+    s2 = SeriesStore()
+    s2.append("jobs_total", pod("a"), (), T0, 0.0)
+    s2.append("jobs_total", pod("a"), (), T0 + 10, 50.0)
+    assert s2.query("pods", "default", None, "jobs_per_second", now=T0 + 10) == [
+        Result(pod("a"), (), 5.0, T0 + 10, 10.0)
+    ]
+
+
+# ------------------------------------------------------------------ staleness and retention
+
+
+def test_staleness_boundary():
+    s = SeriesStore(retention=600, stale_after=300)
+    s.append("m", pod("a"), (), T0, 1.0)
+    assert len(s.query("pods", "default", None, "m", now=T0 + 300)) == 1  # exactly stale_after: fresh
+    assert s.query("pods", "default", None, "m", now=T0 + 300.001) == []
+    assert s.query("pods", "default", None, "m_agg_avg", now=T0 + 301) == []
+    assert s.stats()["series"] == 1  # still kept until retention
+    s.append("m", pod("a"), (), T0 + 400, 2.0)
+    assert s.query("pods", "default", None, "m", now=T0 + 400)[0].value == 2.0
+
+
+def test_retention_boundary_is_inclusive():
+    s = SeriesStore(retention=600, stale_after=300)
+    for t in (0, 10, 20):
+        s.append("m", pod("a"), (), T0 + t, float(t))
+    assert s.collect_garbage(now=T0 + 610) == 1  # the point at T0 is 610 s old
+    assert s.stats()["points"] == 2
+    assert s.stats()["points"] == 2  # T0+10 is exactly 600 s old: kept
+    assert s.collect_garbage(now=T0 + 620) == 1
+    assert s.stats()["points"] == 1  # T0+20 is exactly 600 s old: kept
+    assert s.collect_garbage(now=T0 + 620) == 0
+    assert s.stats() == {"series": 1, "points": 1, "metrics": 1}
+    assert s.collect_garbage(now=T0 + 620.5) == 1
+    assert s.stats() == {"series": 0, "points": 0, "metrics": 0}
+
+
+def test_gc_budget_and_round_robin():
+    s = SeriesStore(retention=100, stale_after=50)
+    for i in range(10):
+        s.append("m", pod(f"old{i}"), (), T0, 1.0)
+        s.append("m", pod(f"new{i}"), (), T0 + 100, 1.0)
+    now = T0 + 150
+    removed = []
+    while s.stats()["series"] > 10:
+        before = s.stats()["series"]
+        s.collect_garbage(now=now, budget=3)
+        removed.append(before - s.stats()["series"])
+    assert len(removed) <= 7  # one pass over the 20 series, 3 per call
+    assert all(0 <= r <= 3 for r in removed)
+    assert sum(removed) == 10
+    assert sorted(r.obj.name for r in s.query("pods", "default", None, "m", now=now)) == sorted(
+        f"new{i}" for i in range(10)
+    )
+    assert s.collect_garbage(now=now, budget=0) == 0
+
+
+def test_gc_trims_within_a_series_and_queries_ignore_expired_points():
+    s = SeriesStore(retention=60, stale_after=60, default_window=60)
+    for t in range(0, 100, 10):
+        s.append("m", pod("a"), (), T0 + t, float(t))
+    # before GC, a window ending at the last point never reaches past the retention
+    [r] = s.query("pods", "default", None, "m_agg_min_1m", now=T0 + 120)
+    assert r.value == 60.0 and r.window == 30.0
+    s.collect_garbage(now=T0 + 120)
+    assert s.stats()["points"] == 4  # 60, 70, 80, 90
+
+
+# ------------------------------------------------------------------ rates and aggregations
+
+
+def test_rate_needs_two_points_and_handles_resets():
+    s = SeriesStore()
+    a = pod("a")
+    s.append("req_total", a, (), T0, 100.0)
+    assert s.query("pods", "default", None, "req_per_second", now=T0) == []
+    s.append("req_total", a, (), T0 + 10, 150.0)
+    assert s.query("pods", "default", None, "req_per_second", now=T0 + 10) == [
+        Result(a, (), 5.0, T0 + 10, 10.0)
+    ]
+    s.append("req_total", a, (), T0 + 30, 20.0)  # reset: counted 20 since the restart
+    assert s.query("pods", "default", None, "req_per_second", now=T0 + 30) == [
+        Result(a, (), 1.0, T0 + 30, 20.0)
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.001, 100), st.floats(0, 1e9), st.booleans()),
+        min_size=2,
+        max_size=50,
+    )
+)
+def test_rates_across_resets_are_never_negative(steps):
+    s = SeriesStore(retention=1e7, stale_after=1e7, max_points=8, default_window=60)
+    t, v = T0, 0.0
+    prev = None
+    for dt, inc, reset in steps:
+        t += dt
+        v = inc if reset else v + inc
+        assert s.append("c_total", pod("a"), (), t, v)
+        results = s.query("pods", "default", None, "c_per_second", now=t)
+        if prev is None:
+            assert results == []
+        else:
+            [r] = results
+            assert r.value >= 0.0
+            assert r.value == counter_rate(prev[0], prev[1], t, v)
+            assert r.window == t - prev[0] and r.timestamp == t
+        prev = (t, v)
+
+
+def direct(fn: str, values: list[float]) -> float:
+    if fn == "avg":
+        return math.fsum(values) / len(values)
+    if fn == "min":
+        return min(values)
+    if fn == "max":
+        return max(values)
+    if fn == "latest":
+        return values[-1]
+    return percentile(values, int(fn[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gaps=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    values=st.lists(st.floats(-1e9, 1e9), min_size=60, max_size=60),
+    fn=st.sampled_from(AGG_FUNCTIONS),
+    window=st.sampled_from([None, 1, 15, 30, 60, 120, 300]),
+    max_points=st.integers(2, 70),
+)
+def test_aggregations_match_direct_computation(gaps, values, fn, window, max_points):
+    s = SeriesStore(retention=600, stale_after=300, max_points=max_points, default_window=45)
+    points = []
+    t = T0
+    for gap, v in zip(gaps, values, strict=False):
+        t += gap
+        points.append((t, v))
+        s.append("lat", pod("a"), (), t, v)
+    name = f"lat_agg_{fn}" + ("" if window is None else f"_{window}s")
+    [r] = s.query("pods", "default", None, name, now=t)
+    w = 45 if window is None else window
+    visible = points[-max_points:]
+    inside = [(pt, pv) for pt, pv in visible if pt >= t - w]
+    assert r.timestamp == t
+    assert r.value == pytest.approx(direct(fn, [pv for _, pv in inside]), rel=1e-12, abs=1e-6)
+    assert r.window == (0.0 if fn == "latest" else t - inside[0][0])
+    assert 0 <= r.window <= w
+
+
+def test_labelled_series_in_named_queries_and_gc():
+    s = SeriesStore(retention=100, stale_after=100)
+    a = pod("a")
+    s.append("m", a, (("shard", "2"),), T0, 2.0)
+    s.append("m", a, (), T0, 0.0)
+    s.append("m", a, (("shard", "1"),), T0 + 50, 1.0)
+    s.append("m", pod("b"), (("shard", "1"),), T0 + 50, 3.0)
+    got = s.query("pods", "default", ["a"], "m", now=T0 + 50)
+    assert [(r.labels, r.value) for r in got] == [
+        ((), 0.0),
+        ((("shard", "2"),), 2.0),
+        ((("shard", "1"),), 1.0),
+    ]
+    assert len(s.query("pods", "default", None, "m", now=T0 + 50)) == 4
+    assert s.collect_garbage(now=T0 + 101) == 2  # a{} and a{shard=2} expire
+    got = s.query("pods", "default", ["a", "b"], "m", now=T0 + 101)
+    assert [(r.obj.name, r.labels) for r in got] == [("a", (("shard", "1"),)), ("b", (("shard", "1"),))]
+    s.collect_garbage(now=T0 + 151)
+    assert s.stats()["series"] == 0 and s._index == {}
+
+
+SERIES_KEYS = [
+    (
+        "m" if a % 2 == 0 else "n",
+        "x" if a % 4 < 2 else "y",
+        f"p{a // 12}",
+        ((), (("s", "1"),), (("s", "2"),))[(a % 12) // 4],
+    )
+    for a in range(24)
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.integers(0, 23), st.integers(0, 30), st.floats(-10, 10)),
+            st.tuples(st.just("gc"), st.integers(0, 50), st.integers(0, 4), st.just(0.0)),
+        ),
+        max_size=80,
+    )
+)
+def test_store_agrees_with_a_model_under_appends_and_gc(ops):
+    """Random appends and budgeted GCs over 24 series in 4 nodes against a list-of-points model."""
+    retention = 100.0
+    s = SeriesStore(retention=retention, stale_after=retention, max_points=1000, default_window=100)
+    model: dict[tuple, list[tuple[float, float]]] = {}
+    now = T0
+    for op, a, b, v in ops:
+        if op == "append":
+            now += b
+            ts = now - (b % 7)  # sometimes older than the series' last point
+            metric, ns, name, labels = key = SERIES_KEYS[a]
+            pts = model.setdefault(key, [])
+            ok = not pts or ts > pts[-1][0]
+            assert s.append(metric, pod(name, ns), labels, ts, v) == ok
+            if ok:
+                pts.append((ts, v))
+        else:
+            now += a
+            for _ in range(24):  # 24 calls with budget b>0 make at least one full pass
+                s.collect_garbage(now=now, budget=b)
+            if b:
+                for k in list(model):
+                    model[k] = [(pt, pv) for pt, pv in model[k] if pt >= now - retention]
+                    if not model[k]:
+                        del model[k]
+                assert s.stats()["series"] == len(model)
+                assert s.stats()["points"] == sum(len(p) for p in model.values())
+                assert sorted(s.metrics()) == sorted({("pods", k[0]) for k in model})
+        got = {}
+        for metric in ("m", "n"):
+            for ns in ("x", "y"):
+                wild = s.query("pods", ns, None, metric, now=now)
+                named = s.query("pods", ns, ["p1", "p0", "p9"], metric, now=now)
+                assert sorted(wild, key=repr) == sorted(named, key=repr)
+                assert [r.obj.name for r in named] == sorted((r.obj.name for r in named), reverse=True)
+                for r in wild:
+                    assert r.obj == pod(r.obj.name, ns)
+                    got[(metric, ns, r.obj.name, r.labels)] = (r.timestamp, r.value)
+        want = {k: p[-1] for k, p in model.items() if p and p[-1][0] >= now - retention}
+        assert got == want
