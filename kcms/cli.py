@@ -191,6 +191,26 @@ def add_series_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_agent_collector_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("node agents (custom metrics)")
+    g.add_argument(
+        "--agent-selector",
+        default="",
+        metavar="SELECTOR",
+        help="label selector of `kcms agent` pods to scrape (e.g. app=kcms-agent); empty: none",
+    )
+    g.add_argument(
+        "--agent-port", type=_port, default=9102, help="port agents serve /metrics on (default 9102)"
+    )
+    g.add_argument(
+        "--agent-scrape-interval",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often agents are scraped (default 5s); the per-agent timeout is 90%% of it",
+    )
+
+
 def validate_series_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.series_retention <= 0:
         p.error("argument --series-retention: must be positive")
@@ -198,6 +218,17 @@ def validate_series_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         p.error("argument --series-stale-after: must be positive and at most --series-retention")
     if not 0 < args.series_default_window <= args.series_retention:
         p.error("argument --series-default-window: must be positive and at most --series-retention")
+    if args.agent_scrape_interval < 1:
+        p.error("argument --agent-scrape-interval: must be at least 1s")
+    if args.agent_selector and args.inventory_file and not args.kubeconfig:
+        p.error("argument --agent-selector: agents are found through the Kubernetes API; give --kubeconfig")
+    if args.agent_selector:
+        from kcms.selectors import SelectorError, parse_label_selector
+
+        try:
+            parse_label_selector(args.agent_selector)
+        except SelectorError as e:
+            p.error(f"argument --agent-selector: {e}")
 
 
 def add_kube_flags(p: argparse.ArgumentParser) -> None:
@@ -356,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_kube_flags(p)
     add_kubelet_flags(p)
     add_series_flags(p)
+    add_agent_collector_flags(p)
     add_serving_flags(p)
     add_auth_flags(p)
     add_logging_flags(p)

@@ -15,7 +15,7 @@ from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient
 from kcms.kube.inventory import StaticInventory
 from kcms.sim import SimulatedCluster
-from kcms.sim.apps import SimulatedAppMetrics
+from kcms.sim.agents import SimulatedAgents
 from kcms.standalone import build_pipeline, kubelet_config
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,10 @@ async def run_demo(args: argparse.Namespace) -> int:
     serving = ServingOptions(
         secure_port=args.secure_port, bind_address="127.0.0.1", cert_dir=os.path.join(work_dir, "certs")
     )
+    # Simulated node agents serve the pods' application metrics; the pipeline's agent collector
+    # scrapes them into the series store, as it scrapes `kcms agent` pods in a cluster.
+    agents = SimulatedAgents(cluster, history=10.0)
+    await agents.start()
     pipeline = build_pipeline(
         settings,
         inventory,
@@ -116,15 +120,14 @@ async def run_demo(args: argparse.Namespace) -> int:
         serving,
         AuthnOptions(skip_lookup=True, allow_anonymous=True, client_ca_file=client_ca),
         AuthzOptions(allow_all=True),
+        agent_targets=agents.targets,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    apps = SimulatedAppMetrics(cluster, pipeline.series)
     try:
         await pipeline.start()
-        apps.start()
         port = pipeline.server.port
         kubeconfig = os.path.join(work_dir, "kubeconfig")
         write_kubeconfig(
@@ -162,7 +165,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         else:
             await stop.wait()
     finally:
-        await apps.stop()
         await pipeline.stop()
+        await agents.stop()
         await cluster.stop()
     return 0

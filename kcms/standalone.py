@@ -16,6 +16,7 @@ from kcms.apis.objects import ObjectLabels
 from kcms.apis.provider import StoreProvider
 from kcms.apis.push import PushAPI, PushLimits
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
+from kcms.collector.agents import AgentCollector
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import Collector
 from kcms.heap import HeapFreezer
@@ -68,10 +69,13 @@ class Pipeline:
     server: AggregatedAPIServer
     series: SeriesStore
     push: PushAPI
+    agents: AgentCollector | None = None
     _gc: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.collector.start()
+        if self.agents is not None:
+            self.agents.start()
         self._gc = asyncio.create_task(self._collect_series_garbage(), name="kcms-series-gc")
         await self.server.start()
 
@@ -79,6 +83,8 @@ class Pipeline:
         self.server.set_shutting_down()
         await self.server.stop()
         await self.collector.stop()
+        if self.agents is not None:
+            await self.agents.stop()
         if self._gc is not None:
             self._gc.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -101,8 +107,9 @@ def build_pipeline(
     authn: AuthnOptions,
     authz: AuthzOptions,
     kube_client=None,
-    inventory_synced=None,
+    agent_targets=None,
 ) -> Pipeline:
+    """Wire the parts; ``agent_targets`` (a callable of (name, "host:port")) replaces agent discovery."""
     resolution = args.metric_resolution
     store = ResourceStore(resolution)
     selector = parse_label_selector(getattr(args, "node_selector", "") or "")
@@ -159,7 +166,18 @@ def build_pipeline(
         livez=False,
         readyz=True,
     )
-    return Pipeline(inventory, store, kubelets, collector, server, series, push)
+    agents = None
+    if agent_targets is not None or getattr(args, "agent_selector", ""):
+        agents = AgentCollector(
+            kube_client,
+            series,
+            selector=args.agent_selector,
+            port=args.agent_port,
+            interval=args.agent_scrape_interval,
+            targets=agent_targets,
+        )
+        server.add_check("agent-collection-timely", agents.healthy, livez=True, readyz=False)
+    return Pipeline(inventory, store, kubelets, collector, server, series, push, agents)
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:

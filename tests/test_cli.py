@@ -116,7 +116,7 @@ def test_demo_serves_what_it_prints(tmp_path):
             )  # fmt: skip
             assert out.returncode == 0, (path, out.stderr)
             body = json.loads(out.stdout)
-            assert body.get("items", [body])  # every printed command returns something
+            assert body.get("items", [body]), path  # every printed command returns something
         table = subprocess.run(
             [KUBECTL, "--kubeconfig", commands[0][0], "get", "nodes.metrics.k8s.io"],
             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
