@@ -392,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_flags(p)
     add_logging_flags(p)
 
+    from kcms.agent.cli import add_agent_arguments
+
+    p = sub.add_parser("agent", help="node agent (DaemonSet): cgroups, /proc, annotated pods' endpoints, OTLP",
+                       description="Collect node, pod and application metrics on this node and serve them on "
+                       "/metrics for the collector (kcms standalone --agent-selector).")
+    add_agent_arguments(p)
+
     from kcms.sim import add_simulate_arguments
 
     p = sub.add_parser("simulate", help="fake kubelets on loopback, for demos, tests and benchmarks")
@@ -453,6 +460,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kcms.standalone import run_standalone
 
         return asyncio.run(run_standalone(args))
+    if args.command == "agent":
+        from kcms.agent.cli import agent_main
+
+        return asyncio.run(agent_main(args))
     if args.command == "simulate":
         from kcms.sim import simulate_main
 

@@ -1,0 +1,225 @@
+"""`kcms agent`: the node agent (a DaemonSet) — flags and the main coroutine.
+
+``add_agent_arguments(parser)`` adds the flags; ``await agent_main(args)`` validates what argparse
+cannot (a message naming the flag, exit status 2) and runs until SIGTERM or SIGINT.
+Also runnable on its own: ``python -m kcms.agent.cli --node-name NODE ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+
+from kcms.agent.buffer import SampleBuffer
+from kcms.agent.server import Agent, _parse_listen
+
+__all__ = ["add_agent_arguments", "agent_main", "main"]
+
+log = logging.getLogger(__name__)
+
+
+def _duration(text: str) -> float:
+    from kcms.cli import parse_duration  # here, not at the top: kcms.cli imports this module
+
+    value = parse_duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _listen(text: str) -> str:
+    try:
+        _parse_listen(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``kcms agent`` flags to ``p``."""
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (default: $NODE_NAME, set from spec.nodeName by the DaemonSet)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig to reach the API server (default: the in-cluster service account)",
+    )
+    p.add_argument(
+        "--listen",
+        type=_listen,
+        default="0.0.0.0:9102",
+        metavar="HOST:PORT",
+        help="address to serve /metrics on (default 0.0.0.0:9102; plain HTTP unless --tls-cert-file)",
+    )
+    p.add_argument("--tls-cert-file", default="", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-private-key-file", default="", help="the private key of --tls-cert-file (PEM)")
+    p.add_argument(
+        "--interval", type=_duration, default=10.0, metavar="DURATION", help="collection period (default 10s)"
+    )
+    p.add_argument(
+        "--retention",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="how long points stay in the buffer (default 5m)",
+    )
+    p.add_argument(
+        "--max-series-per-pod", type=_positive_int, default=1000, help="series limit per pod (default 1000)"
+    )
+    p.add_argument(
+        "--max-series-per-node",
+        type=_positive_int,
+        default=20000,
+        help="series limit of the whole buffer (default 20000)",
+    )
+    p.add_argument(
+        "--scrape-timeout",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="timeout of one application scrape (default 5s, or --interval if shorter)",
+    )
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="cgroup v2 mount (default /sys/fs/cgroup)")
+    p.add_argument("--no-cgroups", action="store_true", help="do not read pod and container cgroups")
+    p.add_argument("--no-apps", action="store_true", help="do not scrape annotated application endpoints")
+    p.add_argument("--no-node", action="store_true", help="do not collect node metrics")
+    p.add_argument("--no-otlp", action="store_true", help="do not accept OTLP/HTTP metrics on /v1/metrics")
+    if not any("-v" in a.option_strings for a in p._actions):
+        p.add_argument(
+            "-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)"
+        )
+
+
+def _usage_error(message: str) -> int:
+    print(f"kcms agent: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags beyond their types, naming the flag; None if nothing."""
+    needs_pods = not (args.no_cgroups and args.no_apps)
+    if not args.node_name and (needs_pods or not args.no_node):
+        return "argument --node-name: required (or set NODE_NAME)"
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        return "arguments --tls-cert-file and --tls-private-key-file must be given together"
+    for flag in ("kubeconfig", "tls_cert_file", "tls_private_key_file"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            return f"argument --{flag.replace('_', '-')}: no such file: {path}"
+    if args.retention < args.interval:
+        return (
+            f"argument --retention: must be at least --interval ({args.interval:g}s), got {args.retention:g}s"
+        )
+    if args.scrape_timeout is not None and args.scrape_timeout > args.interval:
+        return f"argument --scrape-timeout: must not exceed --interval ({args.interval:g}s)"
+    if not args.no_cgroups and not os.path.isdir(args.cgroup_root):
+        return f"argument --cgroup-root: no such directory: {args.cgroup_root}"
+    return None
+
+
+async def agent_main(args: argparse.Namespace) -> int:
+    """Run the agent with the parsed ``args`` until SIGTERM/SIGINT; 2 for bad flags."""
+    problem = _validate(args)
+    if problem is not None:
+        return _usage_error(problem)
+    ssl_context = None
+    if args.tls_cert_file:
+        ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
+        except (OSError, ssl.SSLError) as e:
+            return _usage_error(f"argument --tls-cert-file: cannot load the certificate and key: {e}")
+
+    buffer = SampleBuffer(args.retention, args.max_series_per_pod, args.max_series_per_node)
+    sources: dict[str, object] = {}
+    client = informer = None
+    if not (args.no_cgroups and args.no_apps):
+        from kcms.agent.pods import pod_informer
+        from kcms.kube.client import KubeClient, KubeConfigError
+
+        try:
+            client = await KubeClient.load(args.kubeconfig or None)
+        except KubeConfigError as e:
+            return _usage_error(f"argument --kubeconfig: {e}")
+        informer = pod_informer(client, args.node_name)
+    if not args.no_cgroups:
+        from kcms.agent.cgroups import CgroupSource
+
+        assert informer is not None
+        sources["cgroups"] = CgroupSource(informer.values, args.cgroup_root)
+    if not args.no_node:
+        from kcms.agent.node import NodeSource
+
+        sources["node"] = NodeSource(args.node_name)
+    if not args.no_apps:
+        from kcms.agent.apps import AppSource
+
+        assert informer is not None
+        sources["apps"] = AppSource(informer.values, timeout=args.scrape_timeout or min(5.0, args.interval))
+    routes = []
+    if not args.no_otlp:
+        from kcms.agent.otlp import otlp_routes
+
+        routes = otlp_routes(buffer)
+
+    agent = Agent(buffer, sources, args.interval, args.listen, routes, ssl_context)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    informer_start = None
+    try:
+        if informer is not None:  # in the background: the server answers while the first list is pending
+            informer_start = asyncio.create_task(informer.start(), name="agent pod informer")
+        try:
+            await agent.start()
+        except OSError as e:
+            return _usage_error(f"argument --listen: cannot listen on {args.listen}: {e}")
+        await stop.wait()
+        log.info("stopping")
+        return 0
+    finally:
+        await agent.stop()
+        if informer is not None:
+            await informer.stop()
+        if informer_start is not None:
+            informer_start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await informer_start
+        if client is not None:
+            await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kcms.agent.cli``: parse ``argv`` and run the agent."""
+    parser = argparse.ArgumentParser(prog="kcms agent", description="KCMS node agent")
+    add_agent_arguments(parser)
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.v >= 2 else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    return asyncio.run(agent_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""The agent's HTTP server, collection loop and command line (real sockets, a real subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+import trustme
+from aiohttp import web
+from test_agent_buffer import parse_agent_text
+from test_agent_cgroups import pod, write_cgroup
+
+from kcms.agent.buffer import SampleBuffer
+from kcms.agent.cgroups import CgroupSource
+from kcms.agent.server import AGENT_TIME_HEADER, Agent
+from kcms.model import ObjectRef
+
+NODE = ObjectRef("nodes", "", "node-a")
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Ticker:
+    """A source whose value counts its collections."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.types = {"ticks": "counter"}
+
+    def collect(self, now: float) -> list:
+        self.n += 1
+        return [("ticks", NODE, (), now, float(self.n))]
+
+
+class AsyncTicker(Ticker):
+    async def collect(self, now: float) -> list:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return [("async_ticks", NODE, (), now, 1.0)]
+
+
+class Broken:
+    def collect(self, now: float) -> list:
+        raise RuntimeError("this source is broken")
+
+
+async def test_metrics_since_healthz_and_extra_routes() -> None:
+    buffer = SampleBuffer()
+    t0 = int(time.time()) - 10  # recent: the loop's first cycle expires points older than the retention
+    for i in range(3):
+        buffer.add("temp", NODE, (), t0 + i, 20.0 + i)
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    agent = Agent(
+        buffer, {}, interval=3600, listen="127.0.0.1:0", extra_routes=[("POST", "/v1/hello", hello)]
+    )
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            before = int(time.time() * 1000)
+            async with s.get(f"{base}/metrics") as r:
+                assert r.status == 200
+                assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                agent_time = int(r.headers[AGENT_TIME_HEADER])
+                text = await r.text()
+            assert before <= agent_time <= int(time.time() * 1000)
+            assert parse_agent_text(text)[1] == [("temp", NODE, (), 22.0, (t0 + 2) * 1000)]
+            async with s.get(f"{base}/metrics", params={"since": str(t0 * 1000)}) as r:
+                _, samples = parse_agent_text(await r.text())
+            assert [v for *_, v, _ in samples] == [21.0, 22.0]
+            async with s.get(f"{base}/metrics", params={"since": "soon"}) as r:
+                assert r.status == 400 and "since" in await r.text()
+            async with s.get(f"{base}/healthz") as r:
+                assert r.status == 200 and (await r.text()).strip() == "ok"
+            async with s.post(f"{base}/v1/hello") as r:
+                assert await r.text() == "hello"
+    finally:
+        await agent.stop()
+
+
+async def test_collection_loop_runs_sources_and_survives_a_broken_one(tmp_path: Path) -> None:
+    web1 = pod("default", "web-1", ("app",))
+    pod_dir = tmp_path / "kubepods" / f"pod{web1.uid}"
+    write_cgroup(pod_dir)
+    ticker = Ticker()
+    sources = {
+        "broken": Broken(),
+        "ticker": ticker,
+        "async": AsyncTicker(),
+        "cgroups": CgroupSource(lambda: [web1], str(tmp_path)),
+    }
+    buffer = SampleBuffer(retention=60)
+    agent = Agent(buffer, sources, interval=0.05, listen="127.0.0.1:0")
+    await agent.start()
+    try:
+        while ticker.n < 3:
+            await agent.wait_cycle()
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{agent.port}/metrics", params={"since": "0"}) as r:
+                types, samples = parse_agent_text(await r.text())
+    finally:
+        await agent.stop()
+    ticks = [v for m, _, _, v, _ in samples if m == "ticks"]
+    assert ticks[:3] == [1.0, 2.0, 3.0]
+    assert types["ticks"] == "counter"
+    assert any(m == "async_ticks" for m, *_ in samples)
+    usage = [v for m, o, lb, v, _ in samples if m == "container_cpu_usage_seconds_total"]
+    assert usage and usage[0] == 1.5
+    assert agent.last_accepted["cgroups"] > 0 and "broken" not in agent.last_accepted
+
+
+async def test_tls_serving(ca: trustme.CA) -> None:
+    cert = ca.issue_cert("127.0.0.1")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    buffer = SampleBuffer()
+    buffer.add("up", NODE, (), time.time(), 1)
+    agent = Agent(buffer, {}, interval=3600, listen="127.0.0.1:0", ssl_context=server_ctx)
+    await agent.start()
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"https://127.0.0.1:{agent.port}/metrics", ssl=client_ctx) as r:
+                assert "up{" in await r.text()
+            with pytest.raises(aiohttp.ClientError):
+                async with s.get(f"http://127.0.0.1:{agent.port}/metrics") as r:
+                    await r.read()
+    finally:
+        await agent.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kcms.agent.cli", *args],
+        cwd=REPO,
+        env=env if env is not None else {**os.environ, "NODE_NAME": "node-a"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--interval", "0s"], "--interval"),
+        (["--interval", "soon"], "--interval"),
+        (["--retention", "1s", "--interval", "10s"], "--retention"),
+        (["--max-series-per-pod", "-3"], "--max-series-per-pod"),
+        (["--listen", "nowhere"], "--listen"),
+        (["--tls-cert-file", "/nonexistent.pem"], "--tls-cert-file"),
+        (["--cgroup-root", "/nonexistent/cgroup", "--no-apps"], "--cgroup-root"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+    ],
+)
+def test_cli_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert flag in result.stderr
+
+
+def test_cli_requires_a_node_name() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    result = run_cli("--no-cgroups", "--no-apps", env=env)
+    assert result.returncode == 2 and "--node-name" in result.stderr
+
+
+def test_cli_serves_node_metrics_and_stops_on_sigterm() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kcms.agent.cli",
+            "--node-name",
+            "node-a",
+            "--no-cgroups",
+            "--no-apps",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "200ms",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while "node_load1" not in text:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the agent never served node metrics"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                time.sleep(0.1)
+        types, samples = parse_agent_text(text)
+        assert types["node_cpu_seconds_total"] == "counter"
+        assert {o for _, o, _, _, _ in samples} == {NODE}
+        otlp = urllib.request.Request(f"http://127.0.0.1:{port}/v1/metrics", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(otlp, timeout=5) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:  # an empty OTLP body may be refused, but not unrouted
+            status = e.code
+        assert status not in (404, 405)  # the OTLP receiver is mounted
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_path: Path) -> None:
+    """`python -m kcms.agent.cli` against the fake API server, a cgroup tree and a real app endpoint."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text='# TYPE jobs_done_total counter\njobs_done_total{queue="q"} 41\n')
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    app_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    from fakeobjects import make_pod
+
+    obj = make_pod("shop", "worker-1", "node-a")
+    obj["status"]["podIP"] = "127.0.0.1"
+    obj["metadata"]["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(app_port)}
+    container_id = "7f" * 32  # containerd IDs are 64 hex digits
+    obj["status"]["containerStatuses"][0]["containerID"] = f"containerd://{container_id}"
+    stored = fake_kube.upsert(obj)
+    uid = stored["metadata"]["uid"]
+    pod_dir = tmp_path / "cg" / "kubepods.slice" / "kubepods-burstable.slice"
+    pod_dir = pod_dir / f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+    write_cgroup(pod_dir)
+    write_cgroup(pod_dir / f"cri-containerd-{container_id}.scope")
+
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kcms.agent.cli",
+        "--node-name=node-a",
+        f"--kubeconfig={fake_kube.kubeconfig}",
+        f"--cgroup-root={tmp_path / 'cg'}",
+        f"--listen=127.0.0.1:{port}",
+        "--interval=200ms",
+        cwd=REPO,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        wanted = {"jobs_done_total", "container_cpu_usage_seconds_total", "node_load1"}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        seen: set[str] = set()
+        async with aiohttp.ClientSession() as s:
+            while not wanted <= seen:
+                assert proc.returncode is None, (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+                assert loop.time() < deadline, f"only saw {sorted(seen)}"
+                await asyncio.sleep(0.2)
+                try:
+                    async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+                        types, samples = parse_agent_text(await r.text())
+                except aiohttp.ClientError:
+                    continue
+                seen = {m for m, *_ in samples}
+        worker = ObjectRef("pods", "shop", "worker-1")
+        got = {(m, o, lb): v for m, o, lb, v, _ in samples}
+        assert got[("jobs_done_total", worker, (("queue", "q"),))] == 41
+        assert got[("container_cpu_usage_seconds_total", worker, (("container", "app"),))] == 1.5
+        assert got[("container_cpu_usage_seconds_total", worker, ())] == 1.5
+        assert types["jobs_done_total"] == "counter"
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await runner.cleanup()
