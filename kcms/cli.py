@@ -8,68 +8,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import re
 import sys
 from collections.abc import Sequence
 
 from kcms import __version__
+from kcms.flags import csv_list, parse_duration, port, positive_int
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
 TLS_VERSIONS = ("VersionTLS12", "VersionTLS13")  # TLS 1.0 and 1.1 are off in OpenSSL 3 anyway
 
 
-def parse_duration(text: str) -> float:
-    """A Go duration ("15s", "1m30s", "500ms") in seconds; a bare number means seconds."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (expected e.g. 15s, 1m30s, 500ms)")
-    return total
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def _address_types(text: str) -> list[str]:
-    types = _csv(text)
+    types = csv_list(text)
     bad = [t for t in types if t not in ADDRESS_TYPES]
     if bad or not types:
         raise argparse.ArgumentTypeError(
             f"unknown address type(s) {','.join(bad) or '(none)'}; allowed: {','.join(ADDRESS_TYPES)}"
         )
     return types
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} out of range 0-65535")
-    return port
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
@@ -82,7 +38,7 @@ def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
         help="how often metrics are scraped from kubelets; at least 10s (default 15s)",
     )
     g.add_argument(
-        "--kubelet-port", type=_port, default=10250, help="the port kubelets serve on (default 10250)"
+        "--kubelet-port", type=port, default=10250, help="the port kubelets serve on (default 10250)"
     )
     g.add_argument(
         "--kubelet-use-node-status-port",
@@ -132,14 +88,14 @@ def add_kubelet_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kubelet-max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=10 * 1024 * 1024,
         metavar="BYTES",
         help="a kubelet response larger than this is refused and counted (default 10 MiB)",
     )
     g.add_argument(
         "--kubelet-max-in-flight",
-        type=_positive_int,
+        type=positive_int,
         default=200,
         metavar="N",
         help="kubelet requests in flight at once (default 200)",
@@ -177,14 +133,14 @@ def add_series_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--push-max-series",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         metavar="N",
         help="pushed series in total beyond which new ones are refused (default 100000)",
     )
     g.add_argument(
         "--push-max-series-per-metric",
-        type=_positive_int,
+        type=positive_int,
         default=10_000,
         metavar="N",
         help="pushed series of one metric beyond which new ones are refused (default 10000)",
@@ -200,7 +156,7 @@ def add_agent_collector_flags(p: argparse.ArgumentParser) -> None:
         help="label selector of `kcms agent` pods to scrape (e.g. app=kcms-agent); empty: none",
     )
     g.add_argument(
-        "--agent-port", type=_port, default=9102, help="port agents serve /metrics on (default 9102)"
+        "--agent-port", type=port, default=9102, help="port agents serve /metrics on (default 9102)"
     )
     g.add_argument(
         "--agent-scrape-interval",
@@ -252,7 +208,7 @@ def add_serving_flags(p: argparse.ArgumentParser, default_port: int = 443) -> No
     g = p.add_argument_group("serving")
     g.add_argument(
         "--secure-port",
-        type=_port,
+        type=port,
         default=default_port,
         help=f"HTTPS port (default {default_port}; 0 picks a free one)",
     )
@@ -300,21 +256,23 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--requestheader-allowed-names",
-        type=_csv,
+        type=csv_list,
         default=[],
         metavar="NAMES",
         help="front-proxy certificate common names allowed; empty = any",
     )
     g.add_argument(
-        "--requestheader-username-headers", type=_csv, default=["X-Remote-User"], metavar="HEADERS"
+        "--requestheader-username-headers", type=csv_list, default=["X-Remote-User"], metavar="HEADERS"
     )
-    g.add_argument("--requestheader-group-headers", type=_csv, default=["X-Remote-Group"], metavar="HEADERS")
     g.add_argument(
-        "--requestheader-extra-headers-prefix", type=_csv, default=["X-Remote-Extra-"], metavar="PREFIXES"
+        "--requestheader-group-headers", type=csv_list, default=["X-Remote-Group"], metavar="HEADERS"
+    )
+    g.add_argument(
+        "--requestheader-extra-headers-prefix", type=csv_list, default=["X-Remote-Extra-"], metavar="PREFIXES"
     )
     g.add_argument(
         "--authorization-always-allow-paths",
-        type=_csv,
+        type=csv_list,
         default=["/healthz", "/readyz", "/livez"],
         metavar="PATHS",
         help="paths served without authorization (default /healthz,/readyz,/livez)",
@@ -394,9 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from kcms.agent.cli import add_agent_arguments
 
-    p = sub.add_parser("agent", help="node agent (DaemonSet): cgroups, /proc, annotated pods' endpoints, OTLP",
-                       description="Collect node, pod and application metrics on this node and serve them on "
-                       "/metrics for the collector (kcms standalone --agent-selector).")
+    p = sub.add_parser(
+        "agent",
+        help="node agent (DaemonSet): cgroups, /proc, annotated pods' endpoints, OTLP",
+        description="Collect node, pod and application metrics on this node and serve them on "
+        "/metrics for the collector (kcms standalone --agent-selector).",
+    )
     add_agent_arguments(p)
 
     from kcms.sim import add_simulate_arguments
@@ -411,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start simulated kubelets and a standalone pipeline on loopback; no cluster and "
         "no credentials needed (anonymous reads, 127.0.0.1 only).",
     )
-    p.add_argument("--secure-port", type=_port, default=8443, help="HTTPS port on 127.0.0.1 (default 8443)")
-    p.add_argument("--nodes", type=_positive_int, default=5, help="simulated nodes (default 5)")
-    p.add_argument("--pods-per-node", type=_positive_int, default=6, help="pods per node (default 6)")
+    p.add_argument("--secure-port", type=port, default=8443, help="HTTPS port on 127.0.0.1 (default 8443)")
+    p.add_argument("--nodes", type=positive_int, default=5, help="simulated nodes (default 5)")
+    p.add_argument("--pods-per-node", type=positive_int, default=6, help="pods per node (default 6)")
     p.add_argument(
         "--metric-resolution",
         type=parse_duration,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from kcms.agent.buffer import SampleBuffer
 from kcms.agent.server import Agent, _parse_listen
+from kcms.flags import parse_duration, positive_int
 
 __all__ = ["add_agent_arguments", "agent_main", "main"]
 
@@ -26,21 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def _duration(text: str) -> float:
-    from kcms.cli import parse_duration  # here, not at the top: kcms.cli imports this module
-
     value = parse_duration(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
 
 
@@ -84,11 +73,11 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         help="how long points stay in the buffer (default 5m)",
     )
     p.add_argument(
-        "--max-series-per-pod", type=_positive_int, default=1000, help="series limit per pod (default 1000)"
+        "--max-series-per-pod", type=positive_int, default=1000, help="series limit per pod (default 1000)"
     )
     p.add_argument(
         "--max-series-per-node",
-        type=_positive_int,
+        type=positive_int,
         default=20000,
         help="series limit of the whole buffer (default 20000)",
     )
