@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
 from kcms.store.resource import ResourceStore
 from kcms.store.series import SeriesStore
+from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +85,7 @@ class Pipeline:
         await self.collector.stop()
         if self.agents is not None:
             await self.agents.stop()
-        if self._gc is not None:
-            self._gc.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._gc
+        await cancel_and_wait(self._gc)
         await self.kubelets.close()
 
     async def _collect_series_garbage(self) -> None:

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from kcms.agent.buffer import Sample, SampleBuffer
+from kcms.tasks import cancel_and_wait
 
 __all__ = ["AGENT_TIME_HEADER", "Agent", "Source", "make_app"]
 
@@ -177,12 +178,7 @@ class Agent:
     async def stop(self) -> None:
         """Stop the loop and the server; close sources that have ``close()``."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -9,7 +9,6 @@ Handlers find the caller in ``request["user"]`` and the attributes in ``request[
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import warnings
@@ -20,6 +19,7 @@ import prometheus_client
 from aiohttp import web
 
 from kcms.model import RequestAttributes, UserInfo
+from kcms.tasks import cancel_and_wait
 
 from . import metrics
 from .authn import ANONYMOUS, Authenticator, AuthnOptions, load_ca_certs, resolve
@@ -185,9 +185,7 @@ class AggregatedAPIServer:
         """Stop listening and close connections."""
         self.set_shutting_down()
         if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+            await cancel_and_wait(self._refresher)
             self._refresher = None
         if self.reloader is not None:
             await self.reloader.stop()

@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from kcms.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 TLS_VERSIONS = {
@@ -219,10 +221,5 @@ class CertReloader:
 
     async def stop(self) -> None:
         """Stop polling."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)

@@ -30,6 +30,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from kcms.kube.client import KubeClient
 from kcms.kube.informer import Informer
 from kcms.sources.exposition import DEFAULT_MAX_BYTES, ExpositionError, parse_exposition
+from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +174,7 @@ class AgentCollector:
     async def stop(self) -> None:
         """Stop the loop and discovery; close connections."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         if self.informer is not None:
             await self.informer.stop()
         if self._session is not None:

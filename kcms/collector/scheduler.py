@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from kcms.collector.kubelet import KubeletClient, ScrapeError
 from kcms.model import Inventory, NodeBatch, NodeInfo
+from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,8 @@ class Collector:
             self._task = asyncio.create_task(self._run(), name="kcms-scrape-loop")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     def healthy(self) -> tuple[bool, str]:
         """Liveness: the loop started a cycle recently (it is not stuck)."""

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 
 from kcms.kube.client import KubeAPIError, KubeClient
+from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +103,7 @@ class Informer(Generic[T]):
     async def stop(self) -> None:
         """Stop the loop; the cache keeps its last contents."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _params(self) -> dict[str, str]:

@@ -9,13 +9,13 @@ growing at a known rate (served as ``http_requests_per_second``), for each app a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Iterable
 
 from kcms.model import ObjectRef
 from kcms.sim.cluster import SimulatedCluster
+from kcms.tasks import cancel_and_wait
 
 Sample = tuple[str, ObjectRef, tuple[tuple[str, str], ...], float, float]
 QUEUES = ("emails", "invoices")
@@ -78,8 +78,5 @@ class SimulatedAppMetrics:
             await asyncio.sleep(self.period)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
