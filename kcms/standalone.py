@@ -53,7 +53,6 @@ def kubelet_config(
         endpoint=args.kubelet_endpoint,
         max_body_bytes=args.kubelet_max_body_bytes,
         max_in_flight=args.kubelet_max_in_flight,
-        keepalive=max(60.0, 3 * args.metric_resolution),
         extra_ca_pem=list(extra_ca_pem or []),
     )
 

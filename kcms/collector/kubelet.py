@@ -7,8 +7,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
-
+from kcms.collector.http11 import HTTPError, KeepAlivePool
 from kcms.model import DecodeError, NodeBatch, NodeInfo
 from kcms.sources.kubelet_decode import decode_resource_metrics, decode_summary
 
@@ -55,7 +54,6 @@ class KubeletClientConfig:
     endpoint: str = "resource"  # "resource" (/metrics/resource) or "summary" (/stats/summary)
     max_body_bytes: int = 10 * 1024 * 1024
     max_in_flight: int = 200  # concurrent scrapes; the rest wait their turn
-    keepalive: float = 60.0  # idle connection lifetime; must exceed the resolution to reuse TLS sessions
     extra_ca_pem: list[str] = field(default_factory=list)
 
 
@@ -83,7 +81,7 @@ def build_ssl_context(config: KubeletClientConfig) -> ssl.SSLContext | bool:
 
 
 class KubeletClient:
-    """Fetches and decodes one kubelet's resource metrics over a shared keep-alive pool."""
+    """Fetches and decodes one kubelet's resource metrics over kept-alive TLS connections."""
 
     def __init__(self, config: KubeletClientConfig) -> None:
         limit_tls_read_buffer()
@@ -91,21 +89,14 @@ class KubeletClient:
         self._ssl = build_ssl_context(config)
         self._path = ENDPOINTS[config.endpoint]
         self._decode = decode_resource_metrics if config.endpoint == "resource" else None
-        headers = {"Accept": "text/plain" if config.endpoint == "resource" else "application/json"}
+        self._headers = {
+            "User-Agent": "kcms",
+            "Accept": "text/plain" if config.endpoint == "resource" else "application/json",
+        }
         if config.bearer_token and not config.client_cert_file:
-            headers["Authorization"] = f"Bearer {config.bearer_token}"
-        connector = aiohttp.TCPConnector(
-            limit=0,  # concurrency is bounded by the collector, not here
-            ssl=self._ssl,
-            keepalive_timeout=config.keepalive,
-            ttl_dns_cache=300,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            headers=headers,
-            auto_decompress=True,
-            skip_auto_headers=("User-Agent",),
-        )
+            self._headers["Authorization"] = f"Bearer {config.bearer_token}"
+        self._pool = KeepAlivePool(self._ssl, config.max_body_bytes)
+        self._seen: set[tuple[str, int]] = set()  # endpoints scraped since the last cycle began
 
     def refresh_credentials(self) -> None:
         """Pick up a rotated bearer token; the collector calls this at the start of every cycle."""
@@ -114,11 +105,19 @@ class KubeletClient:
             return
         token = source()
         if token:
-            self._session.headers["Authorization"] = f"Bearer {token}"
+            self._headers["Authorization"] = f"Bearer {token}"
         else:
-            self._session.headers.pop("Authorization", None)
+            self._headers.pop("Authorization", None)
 
-    def url(self, node: NodeInfo) -> str:
+    def start_cycle(self) -> None:
+        """Called by the collector before each cycle: fresh credentials, and the connections of
+        kubelets not scraped in the last cycle (nodes gone) closed."""
+        self.refresh_credentials()
+        if self._seen:
+            self._pool.forget(self._seen)
+        self._seen = set()
+
+    def endpoint(self, node: NodeInfo) -> tuple[str, int]:
         address = node_address(node, self.config.preferred_address_types)
         if address is None:
             raise ScrapeError(
@@ -129,42 +128,34 @@ class KubeletClient:
         port = self.config.port
         if self.config.use_node_status_port and node.kubelet_port:
             port = node.kubelet_port
+        return address, port
+
+    def url(self, node: NodeInfo) -> str:
+        address, port = self.endpoint(node)
         host = f"[{address}]" if ":" in address else address
         return f"https://{host}:{port}{self._path}"
 
     async def scrape(self, node: NodeInfo) -> NodeBatch:
         """One node's readings; raises ScrapeError (never anything else) when unusable."""
-        url = self.url(node)
-        limit = self.config.max_body_bytes
+        host, port = self.endpoint(node)
+        self._seen.add((host, port))
         try:
-            async with self._session.get(url) as resp:
-                if resp.status != 200:
-                    raise ScrapeError(f"http_{resp.status}", f"{url}: HTTP {resp.status}")
-                if resp.content_length is not None and resp.content_length > limit:
-                    raise ScrapeError("too_large", f"{url}: body of {resp.content_length} bytes over {limit}")
-                if resp.content_length is not None:
-                    body = await resp.read()
-                else:  # chunked: stop reading as soon as the limit is passed
-                    chunks: list[bytes] = []
-                    size = 0
-                    async for chunk in resp.content.iter_any():
-                        size += len(chunk)
-                        if size > limit:
-                            raise ScrapeError("too_large", f"{url}: body over {limit} bytes")
-                        chunks.append(chunk)
-                    body = b"".join(chunks)
-        except ScrapeError:
-            raise
-        except aiohttp.ClientSSLError as e:
-            raise ScrapeError("tls", f"{url}: {e}") from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise ScrapeError("connection", f"{url}: {e.__class__.__name__}: {e}") from None
+            status, body = await self._pool.get(host, port, self._path, self._headers)
+        except HTTPError as e:
+            raise ScrapeError(e.reason, f"{self.url(node)}: {e}") from None
+        if status != 200:
+            raise ScrapeError(f"http_{status}", f"{self.url(node)}: HTTP {status}")
         try:
             if self._decode is not None:
                 return self._decode(node.name, body)
-            return decode_summary(node.name, body, max_bytes=limit)
+            return decode_summary(node.name, body, max_bytes=self.config.max_body_bytes)
         except DecodeError as e:
-            raise ScrapeError(f"decode_{e.reason}", f"{url}: {e}") from None
+            raise ScrapeError(f"decode_{e.reason}", f"{self.url(node)}: {e}") from None
+
+    @property
+    def connects(self) -> int:
+        """TLS connections opened so far (one per kubelet while connections are kept alive)."""
+        return self._pool.connects
 
     async def close(self) -> None:
-        await self._session.close()
+        self._pool.close()

@@ -112,7 +112,7 @@ class Collector:
         t0 = time.monotonic()
         self.last_cycle_started = t0
         LAST_CYCLE.set(time.time())
-        self.client.refresh_credentials()
+        self.client.start_cycle()
         nodes = [n for n in self.inventory.nodes() if self.node_filter is None or self.node_filter(n)]
         results = await asyncio.gather(*(self._scrape_one(n) for n in nodes))
         failures = results.count(False)

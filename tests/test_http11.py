@@ -1,0 +1,172 @@
+"""The kubelet HTTP/1.1 client against real servers on loopback: keep-alive, chunked bodies,
+servers closing idle connections, limits, malformed responses, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+import trustme
+from aiohttp import web
+
+from kcms.collector.http11 import HTTPError, KeepAlivePool
+
+
+@pytest.fixture
+def tls(ca: trustme.CA):
+    cert = ca.issue_cert("127.0.0.1")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
+
+
+async def serve_aiohttp(app: web.Application, server_ctx) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def test_keep_alive_fixed_and_chunked_bodies(tls):
+    big = b"x" * 200_000
+
+    async def fixed(request):
+        return web.Response(body=b"hello " + request.headers["X-N"].encode())
+
+    async def chunked(request):
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for i in range(0, len(big), 7000):
+            await resp.write(big[i : i + 7000])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/fixed", fixed)
+    app.router.add_get("/chunked", chunked)
+    runner, port = await serve_aiohttp(app, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
+    try:
+        for n in range(3):
+            assert await pool.get("127.0.0.1", port, "/fixed", {"X-N": str(n)}) == (
+                200,
+                f"hello {n}".encode(),
+            )
+        status, body = await pool.get("127.0.0.1", port, "/chunked", {})
+        assert status == 200 and body == big
+        assert pool.connects == 1  # one TLS handshake for all four requests
+        small = KeepAlivePool(tls[1], max_body_bytes=100_000)
+        with pytest.raises(HTTPError) as err:
+            await small.get("127.0.0.1", port, "/chunked", {})
+        assert err.value.reason == "too_large"
+        small.close()
+    finally:
+        pool.close()
+        await runner.cleanup()
+
+
+async def raw_server(handler, server_ctx) -> tuple[asyncio.AbstractServer, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+async def test_reused_connection_closed_by_the_server_is_retried_once(tls):
+    handled = []
+
+    async def handler(reader, writer):
+        # Answers one request per connection, advertising keep-alive, then closes: the
+        # client's next request on that connection finds it closed.
+        await read_request(reader)
+        handled.append(1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        await asyncio.sleep(0.2)
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        assert pool.connects == 2 and len(handled) == 2
+    finally:
+        pool.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "response, reason",
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", "protocol"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", "connection"),  # cut short
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n", "too_large"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "protocol"),
+    ],
+)
+async def test_malformed_or_truncated_responses_are_errors_with_a_reason(tls, response, reason):
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(response)
+        await writer.drain()
+        writer.close()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        with pytest.raises(HTTPError) as err:
+            await pool.get("127.0.0.1", port, "/", {})
+        assert err.value.reason == reason
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_body_ended_by_close_and_non_200_and_tls_and_refused(tls, ca):
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n\r\nbusy")
+        await writer.drain()
+        writer.close()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (503, b"busy")
+        untrusting = KeepAlivePool(ssl.create_default_context(), max_body_bytes=1000)
+        with pytest.raises(HTTPError) as err:
+            await untrusting.get("127.0.0.1", port, "/", {})
+        assert err.value.reason == "tls"
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+    with pytest.raises(HTTPError) as err:
+        await pool.get("127.0.0.1", port, "/", {})
+    assert err.value.reason == "connection"
+
+
+async def test_cancelled_request_closes_its_connection(tls):
+    async def handler(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await pool.get("127.0.0.1", port, "/", {})
+        assert not pool._idle  # the half-used connection was not kept
+    finally:
+        pool.close()
+        server.close()
