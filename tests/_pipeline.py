@@ -85,7 +85,9 @@ class Env:
                 return r.status, text
 
 
-async def start_env(ca: trustme.CA, fake, tmp: Path, sim: SimulatedCluster, **args) -> Env:
+async def start_env(
+    ca: trustme.CA, fake, tmp: Path, sim: SimulatedCluster, agent_targets=None, **args
+) -> Env:
     for obj in sim.inventory_objects():
         fake.upsert(obj)
     fake.tokens[READER] = {"username": "reader", "uid": "42", "groups": ["readers"]}
@@ -102,6 +104,7 @@ async def start_env(ca: trustme.CA, fake, tmp: Path, sim: SimulatedCluster, **ar
         AuthnOptions(skip_lookup=True, token_reviewer=TokenReviewer(kube)),
         AuthzOptions(access_reviewer=AccessReviewer(kube)),
         kube_client=kube,
+        agent_targets=agent_targets,
     )
     await pipeline.start()
     env = Env(sim, fake, pipeline, kube, inventory, tmp)

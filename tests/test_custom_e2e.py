@@ -15,6 +15,7 @@ from _pipeline import KUBECTL, READER, Env, start_env, stop_env, wait_ready
 
 from kcms.quantity import parse_quantity
 from kcms.sim import SimulatedCluster
+from kcms.sim.agents import SimulatedAgents
 from kcms.sim.apps import SimulatedAppMetrics, backlog, requests_rate
 
 PUSHER = "pusher-token"
@@ -165,3 +166,43 @@ async def test_demo_app_metrics_read_with_kubectl_and_the_python_client(env: Env
 
     body = await asyncio.to_thread(read_external)
     assert [float(parse_quantity(i["value"])) for i in body["items"]] == [backlog("invoices", t0)]
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
+async def test_simulated_agents_collector_store_api_read_with_kubectl_both_versions(ca, fake_kube, tmp_path):
+    """Simulated agents -> the pipeline's agent collector -> series store -> both custom versions."""
+    sim = SimulatedCluster(
+        nodes=2, pods_per_node=3, containers_per_pod=1, seed=23, ca=ca, one_port_per_node=True
+    )
+    await sim.start()
+    agents = SimulatedAgents(sim, history=10.0)
+    await agents.start()
+    env = await start_env(ca, fake_kube, tmp_path, sim, agent_targets=agents.targets)
+    try:
+        await wait_ready(env)
+        await env.pipeline.agents.run_cycle()
+        pod = sim.nodes[1].pods[0]
+        node = sim.nodes[1].name
+
+        def kubectl(path: str) -> dict:
+            out = subprocess.run([KUBECTL, "--kubeconfig", str(env.kubeconfig), "get", "--raw", path],
+                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        for version in ("v1beta2", "v1beta1"):
+            base = f"/apis/custom.metrics.k8s.io/{version}"
+            body = await asyncio.to_thread(
+                kubectl, f"{base}/namespaces/{pod.namespace}/pods/{pod.name}/http_requests_per_second"
+            )
+            (item,) = body["items"]
+            assert float(parse_quantity(item["value"])) == pytest.approx(requests_rate(pod.rate), rel=1e-6)
+            body = await asyncio.to_thread(kubectl, f"{base}/nodes/{node}/node_load1")
+            assert len(body["items"]) == 1 and body["items"][0]["describedObject"]["name"] == node
+            body = await asyncio.to_thread(kubectl, f"{base}/nodes/*/node_load1")
+            assert {i["describedObject"]["name"] for i in body["items"]} == set(sim.node_names())
+        assert env.pipeline.agents.duplicates == 0 and env.pipeline.agents.stored > 0
+    finally:
+        await stop_env(env)
+        await agents.stop()
+        await sim.stop()

@@ -89,3 +89,39 @@ async def test_simulate_command_serves_until_sigterm(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_simulate_agents_serve_the_agent_exposition() -> None:
+    from kcms.sources.exposition import parse_exposition
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kcms", "simulate", "--nodes", "2", "--pods-per-node", "2", "--one-port-per-node",
+        "--agents", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        agents = {}
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            assert line, (await proc.stderr.read()).decode()
+            if line.startswith("agent "):
+                _, node, target = line.split()
+                agents[node] = target
+            if line.startswith("serving"):
+                break
+        assert len(agents) == 2
+        async with aiohttp.ClientSession() as s:
+            for node, target in agents.items():
+                status, body = await get(s, f"http://{target}/metrics?since=0")
+                assert status == 200
+                samples, rejected = parse_exposition(body)
+                assert not rejected
+                objects = {(obj.resource, obj.name) for _, obj, _, _, _ in samples}
+                assert ("nodes", node) in objects
+                assert any(resource == "pods" for resource, _ in objects)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

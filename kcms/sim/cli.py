@@ -41,6 +41,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--non-running-pods", action="store_true", help="add Pending/Succeeded pods to the inventory"
     )
+    parser.add_argument(
+        "--agents",
+        action="store_true",
+        help="also run a simulated `kcms agent` per node (application metrics of its pods, node gauges), "
+        "each on 127.0.0.1 with its own port, printed as `agent <node> <host:port>`",
+    )
 
 
 class _FlagError(ValueError):
@@ -133,6 +139,11 @@ async def simulate_main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"kcms simulate: error: {e}", file=sys.stderr)
         return 1
+    agents = None
+    if getattr(args, "agents", False):
+        from kcms.sim.agents import SimulatedAgents
+
+        agents = SimulatedAgents(cluster, history=10.0)
     try:
         await asyncio.to_thread(_write_outputs, cluster, args)
         names = cluster.node_names()
@@ -142,6 +153,10 @@ async def simulate_main(args: argparse.Namespace) -> int:
         if len(names) > 10:
             first, last = cluster.node_url(names[0]), cluster.node_url(names[-1])
             print(f"... {len(names)} nodes in all, {first} .. {last}", flush=True)
+        if agents is not None:
+            await agents.start()
+            for name, target in agents.targets():
+                print(f"agent {name} {target}", flush=True)
         pods = sum(len(n.pods) for n in cluster.nodes)
         print(f"serving {len(names)} simulated kubelets, {pods} pods; Ctrl-C to stop", flush=True)
         stop = asyncio.Event()
@@ -156,5 +171,7 @@ async def simulate_main(args: argparse.Namespace) -> int:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
     finally:
+        if agents is not None:
+            await agents.stop()
         await cluster.stop()
     return 0
