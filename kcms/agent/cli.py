@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from kcms.agent.buffer import SampleBuffer
 from kcms.agent.server import Agent, _parse_listen
-from kcms.flags import parse_duration, positive_int
+from kcms.flags import parse_duration, port, positive_int
 
 __all__ = ["add_agent_arguments", "agent_main", "main"]
 
@@ -93,10 +93,45 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-apps", action="store_true", help="do not scrape annotated application endpoints")
     p.add_argument("--no-node", action="store_true", help="do not collect node metrics")
     p.add_argument("--no-otlp", action="store_true", help="do not accept OTLP/HTTP metrics on /v1/metrics")
+    p.add_argument(
+        "--no-kubelet", action="store_true", help="do not scrape the local kubelet's /metrics/resource"
+    )
+    p.add_argument(
+        "--kubelet-address",
+        default=os.environ.get("NODE_IP", "127.0.0.1"),
+        help="the local kubelet's address (default: $NODE_IP, set from status.hostIP by the DaemonSet)",
+    )
+    p.add_argument("--kubelet-port", type=port, default=10250, help="the kubelet's port (default 10250)")
+    p.add_argument(
+        "--kubelet-certificate-authority",
+        default="",
+        metavar="FILE",
+        help="CA of the kubelet's serving certificate (default: the cluster CA of the kubeconfig)",
+    )
+    p.add_argument(
+        "--kubelet-insecure-tls", action="store_true", help="do not verify the kubelet's certificate"
+    )
     if not any("-v" in a.option_strings for a in p._actions):
         p.add_argument(
             "-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)"
         )
+
+
+def _kubelet_source(args: argparse.Namespace, client) -> object:
+    """The local kubelet, reached as the collector reaches kubelets (the kubeconfig's identity)."""
+    from kcms.agent.kubelet import KubeletSource
+    from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
+    from kcms.model import NodeInfo
+
+    config = KubeletClientConfig(
+        port=args.kubelet_port,
+        preferred_address_types=("InternalIP",),
+        insecure_tls=args.kubelet_insecure_tls,
+        ca_file=args.kubelet_certificate_authority or (client.ca_file() if client is not None else None),
+        token_source=client.bearer_token if client is not None else None,
+    )
+    node = NodeInfo(args.node_name, {}, [("InternalIP", args.kubelet_address)], 0, "")
+    return KubeletSource(KubeletClient(config), node)
 
 
 def _usage_error(message: str) -> int:
@@ -107,11 +142,11 @@ def _usage_error(message: str) -> int:
 def _validate(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags beyond their types, naming the flag; None if nothing."""
     needs_pods = not (args.no_cgroups and args.no_apps)
-    if not args.node_name and (needs_pods or not args.no_node):
+    if not args.node_name and (needs_pods or not args.no_node or not args.no_kubelet):
         return "argument --node-name: required (or set NODE_NAME)"
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         return "arguments --tls-cert-file and --tls-private-key-file must be given together"
-    for flag in ("kubeconfig", "tls_cert_file", "tls_private_key_file"):
+    for flag in ("kubeconfig", "tls_cert_file", "tls_private_key_file", "kubelet_certificate_authority"):
         path = getattr(args, flag)
         if path and not os.path.isfile(path):
             return f"argument --{flag.replace('_', '-')}: no such file: {path}"
@@ -142,15 +177,24 @@ async def agent_main(args: argparse.Namespace) -> int:
     buffer = SampleBuffer(args.retention, args.max_series_per_pod, args.max_series_per_node)
     sources: dict[str, object] = {}
     client = informer = None
-    if not (args.no_cgroups and args.no_apps):
-        from kcms.agent.pods import pod_informer
+    needs_pods = not (args.no_cgroups and args.no_apps)
+    if needs_pods or not args.no_kubelet:
         from kcms.kube.client import KubeClient, KubeConfigError
 
         try:
             client = await KubeClient.load(args.kubeconfig or None)
         except KubeConfigError as e:
-            return _usage_error(f"argument --kubeconfig: {e}")
+            if needs_pods or args.kubeconfig:
+                return _usage_error(f"argument --kubeconfig: {e}")
+            # Only the kubelet source wanted the cluster's identity: try it without credentials.
+            log.warning("no Kubernetes credentials (%s): the kubelet is scraped anonymously", e)
+    if needs_pods:
+        from kcms.agent.pods import pod_informer
+
+        assert client is not None
         informer = pod_informer(client, args.node_name)
+    if not args.no_kubelet:
+        sources["kubelet"] = _kubelet_source(args, client)
     if not args.no_cgroups:
         from kcms.agent.cgroups import CgroupSource
 
