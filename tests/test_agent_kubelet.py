@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -35,6 +36,7 @@ async def test_kubelet_readings_become_prefixed_series(ca):
         sim.set_node_mode(node.name, "error")
         assert await source.collect(time.time()) == [] and source.errors == {"http_500": 1}
         sim.set_node_mode(node.name, "ok")
+        await asyncio.sleep(0.2)  # a later kubelet timestamp (they are in milliseconds)
         second = await source.collect(time.time())
         samples, rejected = parse_exposition(buffer.render(None))
         assert not rejected
