@@ -254,3 +254,40 @@ META_DEFINITIONS: dict[str, Any] = {
         },
     },
 }
+
+
+def query_parameter(name: str, description: str) -> dict[str, Any]:
+    """A string query parameter of a Swagger 2.0 operation."""
+    return {"name": name, "in": "query", "type": "string", "uniqueItems": True, "description": description}
+
+
+def get_operation(
+    *,
+    group: str,
+    version: str,
+    kind: str,
+    schema: str,
+    action: str,
+    operation_id: str,
+    description: str,
+    tag: str,
+    parameters: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A Swagger 2.0 path item with one GET operation answering ``schema`` (a definition name),
+    as the API groups declare in their ``openapi_paths``."""
+    return {
+        "get": {
+            "description": description,
+            "operationId": operation_id,
+            "produces": ["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io"],
+            "schemes": ["https"],
+            "tags": [tag],
+            "parameters": parameters,
+            "responses": {
+                "200": {"description": "OK", "schema": {"$ref": f"#/definitions/{schema}"}},
+                "401": {"description": "Unauthorized"},
+            },
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": kind},
+        }
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kcms.apiserver.openapi import META_DEFINITIONS
+from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, query_parameter
 
 GROUP = "custom.metrics.k8s.io"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
@@ -110,37 +110,23 @@ def definitions(version: str) -> dict[str, Any]:
     return defs
 
 
-def _query(name: str, description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "type": "string", "uniqueItems": True, "description": description}
-
-
 def _operation(version: str, op_id: str, description: str) -> dict[str, Any]:
-    params = [_query("labelSelector", "A selector on the described objects' labels (with the name *).")]
+    params = [
+        query_parameter("labelSelector", "A selector on the described objects' labels (with the name *).")
+    ]
     if version != "v1beta1":
-        params.append(_query("metricLabelSelector", "A selector on the metric's labels."))
-    return {
-        "get": {
-            "description": description,
-            "operationId": f"{op_id}CustomMetrics{version.title()}MetricValue",
-            "produces": ["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io"],
-            "schemes": ["https"],
-            "tags": [f"custommetrics_{version}"],
-            "parameters": params,
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "schema": {"$ref": f"#/definitions/{_pkg(version)}.MetricValueList"},
-                },
-                "401": {"description": "Unauthorized"},
-            },
-            "x-kubernetes-action": "list",
-            "x-kubernetes-group-version-kind": {
-                "group": GROUP,
-                "version": version,
-                "kind": "MetricValueList",
-            },
-        }
-    }
+        params.append(query_parameter("metricLabelSelector", "A selector on the metric's labels."))
+    return get_operation(
+        group=GROUP,
+        version=version,
+        kind="MetricValueList",
+        schema=f"{_pkg(version)}.MetricValueList",
+        action="list",
+        operation_id=f"{op_id}CustomMetrics{version.title()}MetricValue",
+        description=description,
+        tag=f"custommetrics_{version}",
+        parameters=params,
+    )
 
 
 def paths(version: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kcms.apiserver.openapi import META_DEFINITIONS
+from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, query_parameter
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
@@ -50,35 +50,15 @@ DEFINITIONS: dict[str, Any] = {
 }
 
 PATHS: dict[str, Any] = {
-    "/namespaces/{namespace}/{metric}": {
-        "get": {
-            "description": "list the values of an external metric visible from a namespace",
-            "operationId": "listNamespacedExternalMetricsV1beta1ExternalMetricValue",
-            "produces": ["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io"],
-            "schemes": ["https"],
-            "tags": ["externalmetrics_v1beta1"],
-            "parameters": [
-                {
-                    "name": "labelSelector",
-                    "in": "query",
-                    "type": "string",
-                    "uniqueItems": True,
-                    "description": "A selector on the metric's labels.",
-                }
-            ],
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "schema": {"$ref": f"#/definitions/{_PKG}.ExternalMetricValueList"},
-                },
-                "401": {"description": "Unauthorized"},
-            },
-            "x-kubernetes-action": "list",
-            "x-kubernetes-group-version-kind": {
-                "group": GROUP,
-                "version": VERSION,
-                "kind": "ExternalMetricValueList",
-            },
-        }
-    }
+    "/namespaces/{namespace}/{metric}": get_operation(
+        group=GROUP,
+        version=VERSION,
+        kind="ExternalMetricValueList",
+        schema=f"{_PKG}.ExternalMetricValueList",
+        action="list",
+        operation_id="listNamespacedExternalMetricsV1beta1ExternalMetricValue",
+        description="list the values of an external metric visible from a namespace",
+        tag="externalmetrics_v1beta1",
+        parameters=[query_parameter("labelSelector", "A selector on the metric's labels.")],
+    ),
 }

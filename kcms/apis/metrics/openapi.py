@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kcms.apiserver.openapi import META_DEFINITIONS
+from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, query_parameter
 
 _PKG = "io.k8s.metrics.pkg.apis.metrics.v1beta1"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
@@ -72,44 +72,25 @@ DEFINITIONS: dict[str, dict] = {
 
 
 def _get(kind: str, action: str, summary: str) -> dict:
-    op_kind = kind.removesuffix("List")
-    return {
-        "get": {
-            "description": summary,
-            "operationId": f"{action}MetricsV1beta1{kind}",
-            "produces": ["application/json", "application/json;as=Table;v=v1;g=meta.k8s.io"],
-            "schemes": ["https"],
-            "tags": ["metrics_v1beta1"],
-            "parameters": [
-                {
-                    "name": "labelSelector",
-                    "in": "query",
-                    "type": "string",
-                    "uniqueItems": True,
-                    "description": "A selector on the objects' labels.",
-                },
-                {
-                    "name": "fieldSelector",
-                    "in": "query",
-                    "type": "string",
-                    "uniqueItems": True,
-                    "description": "metadata.name and metadata.namespace, with =, == or !=.",
-                },
-            ]
-            if action == "list"
-            else [],  # fmt: skip
-            "responses": {
-                "200": {"description": "OK", "schema": {"$ref": f"#/definitions/{_PKG}.{kind}"}},
-                "401": {"description": "Unauthorized"},
-            },
-            "x-kubernetes-action": action,
-            "x-kubernetes-group-version-kind": {
-                "group": "metrics.k8s.io",
-                "version": "v1beta1",
-                "kind": op_kind,
-            },
-        }
-    }
+    params = (
+        [
+            query_parameter("labelSelector", "A selector on the objects' labels."),
+            query_parameter("fieldSelector", "metadata.name and metadata.namespace, with =, == or !=."),
+        ]
+        if action == "list"
+        else []
+    )
+    return get_operation(
+        group="metrics.k8s.io",
+        version="v1beta1",
+        kind=kind.removesuffix("List"),
+        schema=f"{_PKG}.{kind}",
+        action=action,
+        operation_id=f"{action}MetricsV1beta1{kind}",
+        description=summary,
+        tag="metrics_v1beta1",
+        parameters=params,
+    )
 
 
 PATHS: dict[str, dict] = {
