@@ -8,13 +8,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-import shutil
 import ssl
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from _kubectl import KUBECTL  # noqa: F401 (re-exported to the tests)
 from fakeobjects import make_node, make_pod
 
 from kcms.apis.custom import CustomMetricsAPI
@@ -26,7 +26,6 @@ from kcms.kube.inventory import StaticInventory
 from kcms.model import ObjectRef, UserInfo
 from kcms.store.series import SeriesStore
 
-KUBECTL = shutil.which("kubectl")
 V2 = "/apis/custom.metrics.k8s.io/v1beta2"
 V1 = "/apis/custom.metrics.k8s.io/v1beta1"
 

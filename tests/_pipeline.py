@@ -8,13 +8,13 @@ import argparse
 import asyncio
 import base64
 import json
-import shutil
 import ssl
 import time
 from pathlib import Path
 
 import aiohttp
 import trustme
+from _kubectl import KUBECTL  # noqa: F401 (re-exported to the tests)
 
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.cli import build_parser
@@ -25,7 +25,6 @@ from kcms.kube.reviews import AccessReviewer, TokenReviewer
 from kcms.sim import SimulatedCluster
 from kcms.standalone import build_pipeline, kubelet_config
 
-KUBECTL = shutil.which("kubectl")
 BASE = "/apis/metrics.k8s.io/v1beta1"
 READER = "reader-token"
 

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -16,8 +15,8 @@ import time
 
 import aiohttp
 import pytest
+from _kubectl import KUBECTL
 
-KUBECTL = shutil.which("kubectl")
 BASE = "/apis/metrics.k8s.io/v1beta1"
 
 

@@ -5,12 +5,11 @@ client, beside metrics.k8s.io scraped from simulated kubelets."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import time
 
 import aiohttp
 import pytest
+from _kubectl import get_raw
 from _pipeline import KUBECTL, READER, Env, start_env, stop_env, wait_ready
 
 from kcms.quantity import parse_quantity
@@ -131,11 +130,7 @@ async def test_demo_app_metrics_read_with_kubectl_and_the_python_client(env: Env
     apps.write_once(t0)
     pod = env.sim.nodes[0].pods[0]
 
-    def kubectl(path: str) -> dict:
-        out = subprocess.run([KUBECTL, "--kubeconfig", str(env.kubeconfig), "get", "--raw", path],
-                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+    kubectl = get_raw(env.kubeconfig)
 
     path = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{pod.namespace}/pods/*/http_requests_per_second"
     body = await asyncio.to_thread(kubectl, path)
@@ -184,11 +179,7 @@ async def test_simulated_agents_collector_store_api_read_with_kubectl_both_versi
         pod = sim.nodes[1].pods[0]
         node = sim.nodes[1].name
 
-        def kubectl(path: str) -> dict:
-            out = subprocess.run([KUBECTL, "--kubeconfig", str(env.kubeconfig), "get", "--raw", path],
-                                 capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
-            assert out.returncode == 0, out.stderr
-            return json.loads(out.stdout)
+        kubectl = get_raw(env.kubeconfig)
 
         for version in ("v1beta2", "v1beta1"):
             base = f"/apis/custom.metrics.k8s.io/{version}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 
 import pytest
@@ -19,6 +18,7 @@ from _custom_helpers import (
     inventory,
     start_served,
 )
+from _kubectl import get_raw
 from fake_more_resources import FakeResources
 from fakeobjects import make_node, make_pod
 
@@ -104,15 +104,7 @@ async def test_label_selector_on_other_resources_without_api_is_503(api: Served)
 # ---- real clients ------------------------------------------------------------------------------
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
 async def test_kubectl_get_raw(api: Served):
-    def kubectl(path: str) -> dict:
-        out = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(api.kubeconfig), "get", "--raw", path],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+    kubectl = get_raw(api.kubeconfig)
 
     body = await asyncio.to_thread(
         kubectl, f"{V2}/namespaces/shop/pods/*/queue_depth?labelSelector=app%3Dweb"

@@ -5,14 +5,12 @@ the official client."""
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import subprocess
 import time
 from decimal import Decimal
 from urllib.parse import quote
 
 import pytest
+from _kubectl import KUBECTL, get_raw
 from test_custom_metrics_api import Served, fill, inventory, rfc3339, start_served
 
 from kcms.apis.objects import ObjectLabels
@@ -20,7 +18,6 @@ from kcms.model import ObjectRef
 from kcms.quantity import parse_quantity
 from kcms.store.series import SeriesStore
 
-KUBECTL = shutil.which("kubectl")
 EM = "/apis/external.metrics.k8s.io/v1beta1"
 
 
@@ -154,15 +151,7 @@ async def test_discovery_never_empty(tmp_path):
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
 async def test_kubectl_get_raw(api: Served):
-    def kubectl(path: str) -> dict:
-        out = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(api.kubeconfig), "get", "--raw", path],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+    kubectl = get_raw(api.kubeconfig)
 
     body = await asyncio.to_thread(
         kubectl, f"{EM}/namespaces/shop/queue_messages?labelSelector=queue%3Dbilling"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
-import subprocess
+import functools
 import time
 
 import aiohttp
 import pytest
+from _kubectl import kubectl_json
 from _pipeline import BASE, KUBECTL, READER, Env, start_env, stop_env, wait_ready
 
 from kcms.quantity import parse_quantity
@@ -167,12 +167,7 @@ async def test_failing_nodes_are_skipped_counted_and_age_out(env: Env):
 async def test_kubectl_get_raw(env: Env):
     await wait_ready(env)
 
-    def kubectl(*argv: str) -> dict:
-        out = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(env.kubeconfig), *argv], capture_output=True, text=True, timeout=60
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+    kubectl = functools.partial(kubectl_json, env.kubeconfig)
 
     body = await asyncio.to_thread(kubectl, "get", "--raw", f"{BASE}/nodes")
     assert len(body["items"]) == 3
