@@ -350,6 +350,46 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_flags(p)
     add_logging_flags(p)
 
+    from kcms import cli_ha
+
+    p = sub.add_parser(
+        "store",
+        help="one store replica (multi-store and sharded modes)",
+        description="Hold metrics in memory behind an authenticated HTTP API for collectors and servers.",
+    )
+    cli_ha.add_store_flags(p)
+    add_series_flags(p)
+    add_logging_flags(p)
+
+    p = sub.add_parser(
+        "collector",
+        help="scrape kubelets and agents, write to the stores (leader-elected)",
+        description="Scrape kubelets and node agents and write to store replicas by quorum; one "
+        "leader at a time holds a Lease.",
+    )
+    add_kube_flags(p)
+    add_kubelet_flags(p)
+    add_agent_collector_flags(p)
+    cli_ha.add_store_client_flags(p)
+    cli_ha.add_leader_flags(p, "kcms-collector", default_on=True)
+    cli_ha.add_collector_health_flags(p)
+    add_logging_flags(p)
+
+    p = sub.add_parser(
+        "server",
+        help="the API server alone: reads the stores, or (--active-standby) takes agents' pushes",
+        description="Serve metrics.k8s.io, custom.metrics.k8s.io and external.metrics.k8s.io from store "
+        "replicas, or in push mode from an in-process store while holding a Lease.",
+    )
+    add_kube_flags(p)
+    add_series_flags(p)
+    cli_ha.add_store_client_flags(p)
+    cli_ha.add_push_server_flags(p)
+    cli_ha.add_leader_flags(p, "kcms-server", default_on=True)
+    add_serving_flags(p)
+    add_auth_flags(p)
+    add_logging_flags(p)
+
     from kcms.agent.cli import add_agent_arguments
 
     p = sub.add_parser(
@@ -421,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kcms.standalone import run_standalone
 
         return asyncio.run(run_standalone(args))
+    if args.command in ("store", "collector", "server"):
+        return _run_ha(sub, args)
     if args.command == "agent":
         from kcms.agent.cli import agent_main
 
@@ -437,6 +479,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_demo(args))
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from kcms import cli_ha
+
+    if args.command == "store":
+        cli_ha.validate_store(sub, args)
+        _check_files(sub, args, ("tls_cert_file", "tls_private_key_file", "store_ca_file", "kubeconfig"))
+        from kcms.store.run import run_store
+
+        return asyncio.run(run_store(args))
+    if args.command == "collector":
+        validate_kubelet_flags(sub, args)
+        cli_ha.validate_store_client(sub, args, required=True)
+        if args.leader_elect:
+            cli_ha.validate_leader_flags(sub, args)
+        if args.agent_scrape_interval < 1:
+            sub.error("argument --agent-scrape-interval: must be at least 1s")
+        _check_files(sub, args, FILE_FLAGS + ("store_ca_file",))
+        from kcms.collector.run import run_collector
+
+        return asyncio.run(run_collector(args))
+    validate_serving_flags(sub, args)
+    cli_ha.validate_store_client(sub, args, required=not args.active_standby)
+    if args.active_standby and args.leader_elect:
+        cli_ha.validate_leader_flags(sub, args)
+    if args.node_stale_after <= 0:
+        sub.error("argument --node-stale-after: must be positive")
+    _check_files(sub, args, FILE_FLAGS + ("store_ca_file",))
+    from kcms.server import run_server
+
+    return asyncio.run(run_server(args))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 from kcms.apis.custom import CustomMetricsAPI
 from kcms.apis.external import ExternalMetricsAPI
@@ -187,14 +188,31 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
     )
 
 
-async def run_standalone(args: argparse.Namespace) -> int:
+@dataclass
+class KubeAccess:
+    """The Kubernetes clients and the delegated authentication/authorization built from the flags."""
+
+    kube: Any
+    authn_kube: Any
+    authz_kube: Any
+    inventory: Any
+    authn: AuthnOptions
+    authz: AuthzOptions
+
+    async def close(self) -> None:
+        for client in {c for c in (self.kube, self.authn_kube, self.authz_kube) if c is not None}:
+            await client.close()
+
+
+async def kube_access(args: argparse.Namespace, need_kube: bool = False) -> KubeAccess | None:
+    """Load kubeconfigs and build the inventory and auth options; None (logged) on a bad kubeconfig."""
     from kcms.kube.client import KubeClient, KubeConfigError
     from kcms.kube.inventory import KubeInventory, StaticInventory
     from kcms.kube.reviews import AccessReviewer, TokenReviewer
 
     kube = authn_kube = authz_kube = None
     try:
-        if not args.inventory_file or args.kubeconfig:
+        if not args.inventory_file or args.kubeconfig or need_kube:
             kube = await KubeClient.load(args.kubeconfig or None)
         if args.authentication_kubeconfig:
             authn_kube = await KubeClient.load(args.authentication_kubeconfig)
@@ -202,14 +220,14 @@ async def run_standalone(args: argparse.Namespace) -> int:
             authz_kube = await KubeClient.load(args.authorization_kubeconfig)
     except KubeConfigError as e:
         log.error("%s", e)
-        return 1
+        return None
     authn_kube = authn_kube or kube
     authz_kube = authz_kube or kube
 
     if args.inventory_file:
         inventory = StaticInventory.from_file(args.inventory_file)
     else:
-        inventory = KubeInventory(kube, node_selector=args.node_selector)
+        inventory = KubeInventory(kube, node_selector=getattr(args, "node_selector", ""))
     authn = AuthnOptions(
         client_ca_file=args.client_ca_file,
         requestheader_client_ca_file=args.requestheader_client_ca_file,
@@ -224,6 +242,17 @@ async def run_standalone(args: argparse.Namespace) -> int:
         access_reviewer=AccessReviewer(authz_kube) if authz_kube is not None else None,
         always_allow_paths=args.authorization_always_allow_paths,
     )
+    return KubeAccess(kube, authn_kube, authz_kube, inventory, authn, authz)
+
+
+async def run_standalone(args: argparse.Namespace) -> int:
+    from kcms.kube.inventory import KubeInventory
+
+    access = await kube_access(args)
+    if access is None:
+        return 1
+    kube, authn_kube, inventory = access.kube, access.authn_kube, access.inventory
+    authn, authz = access.authn, access.authz
     kubelets = KubeletClient(kubelet_config(args, kube))
     pipeline = build_pipeline(
         args, inventory, kubelets, serving_options(args), authn, authz, kube_client=authn_kube
@@ -243,6 +272,5 @@ async def run_standalone(args: argparse.Namespace) -> int:
         await pipeline.stop()
         if isinstance(inventory, KubeInventory):
             await inventory.stop()
-        for client in {c for c in (kube, authn_kube, authz_kube) if c is not None}:
-            await client.close()
+        await access.close()
     return 0

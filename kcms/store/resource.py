@@ -11,6 +11,7 @@ dropped, so nothing is ever served frozen at an old value.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Gauge
@@ -88,6 +89,24 @@ def _usage(last: ResourcePoint, prev: ResourcePoint) -> Usage | None:
     return Usage(last.timestamp, window, int((last.cpu_ns - prev.cpu_ns) / window), last.memory)
 
 
+def _newest(entry: _NodeEntry) -> float:
+    newest = entry.last.timestamp if entry.last is not None else 0.0
+    for pairs in entry.pods.values():
+        for last, _ in pairs.values():
+            if last.timestamp > newest:
+                newest = last.timestamp
+    return newest
+
+
+def _batch_newest(batch: NodeBatch) -> float:
+    newest = batch.node_point.timestamp if batch.node_point is not None else 0.0
+    for containers in batch.pods.values():
+        for p in containers.values():
+            if p.timestamp > newest:
+                newest = p.timestamp
+    return newest
+
+
 class ResourceStore:
     """Last and previous readings of every node and container, as metrics-server keeps them."""
 
@@ -161,6 +180,39 @@ class ResourceStore:
             self.forget_node(node)
         return stale
 
+    def export_nodes(self, select: Callable[[str], bool] | None = None) -> list[tuple[NodeBatch, NodeBatch]]:
+        """Every node's readings as ``(previous, last)`` batches, for copying to another replica
+        (refill, read repair); ``select(node)`` picks nodes. Containers with no previous reading are
+        only in ``last``."""
+        out = []
+        for node, entry in self._nodes.items():
+            if select is not None and not select(node):
+                continue
+            prev = NodeBatch(node, entry.prev)
+            last = NodeBatch(node, entry.last)
+            for key, pairs in entry.pods.items():
+                last.pods[key] = {c: pair[0] for c, pair in pairs.items()}
+                older = {c: pair[1] for c, pair in pairs.items() if pair[1] is not None}
+                if older:
+                    prev.pods[key] = older
+            out.append((prev, last))
+        return out
+
+    def merge_node(self, prev: NodeBatch, last: NodeBatch) -> bool:
+        """Take another replica's readings of a node (an :meth:`export_nodes` pair) unless ours are
+        as new; True when taken."""
+        entry = self._nodes.get(last.node)
+        if entry is not None and _newest(entry) >= _batch_newest(last):
+            return False
+        self.store(prev)
+        self.store(last)
+        return True
+
+    def newest(self, node: str) -> float:
+        """Timestamp of the newest reading held for ``node`` (0.0: none)."""
+        entry = self._nodes.get(node)
+        return 0.0 if entry is None else _newest(entry)
+
     # -- reading ----------------------------------------------------------------------------
 
     def _fresh_entry(self, node: str, now: float) -> _NodeEntry | None:
@@ -207,6 +259,16 @@ class ResourceStore:
             if timestamp == 0.0 or usage.timestamp < timestamp:
                 timestamp, window = usage.timestamp, usage.window
         return PodUsage(timestamp, window, containers)
+
+    def node_names(self) -> list[str]:
+        return list(self._nodes)
+
+    def pod_keys(self) -> list[PodKey]:
+        return list(self._pod_node)
+
+    def pod_node(self, namespace: str, name: str) -> str:
+        """The node whose scrape carried the pod ("" if none)."""
+        return self._pod_node.get((namespace, name), "")
 
     def ready(self) -> bool:
         """True once at least one node or pod can be served."""

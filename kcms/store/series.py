@@ -42,7 +42,7 @@ from __future__ import annotations
 import struct
 import time
 from array import array
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from itertools import islice
 from typing import NamedTuple
 
@@ -224,6 +224,61 @@ class SeriesStore:
             dkey = (obj.resource, metric)
             self._discovery[dkey] = self._discovery.get(dkey, 0) + 1
         return points
+
+    def merge(self, metric: str, obj: ObjectRef, labels: Labels, packed: bytes) -> int:
+        """Merge packed ``(timestamp, value)`` native-double pairs (an :meth:`export` of another
+        replica) into a series, keeping the union of both by timestamp (ours win on a tie); return
+        how many points were new. Used by refill and read repair, not on the write path.
+
+        Raises ``ValueError`` for a packed length that is not a whole number of points, and as
+        :meth:`append` does for an invalid metric name, object or labels.
+        """
+        if len(packed) % _POINT:
+            raise ValueError(f"packed points must be a multiple of {_POINT} bytes, not {len(packed)}")
+        incoming = array("d", packed)
+        pairs = {
+            incoming[i]: incoming[i + 1]
+            for i in range(0, len(incoming), 2)
+            if not (incoming[i] - incoming[i] or incoming[i + 1] - incoming[i + 1])
+        }
+        if not pairs:
+            return 0
+        labels = _check_labels(labels)
+        first = next(iter(pairs))
+        points = self._new_series(metric, obj, labels, first, pairs[first])
+        ours = array("d", points)
+        before = len(ours) >> 1
+        for i in range(0, len(ours), 2):
+            pairs[ours[i]] = ours[i + 1]
+        merged = array("d")
+        for ts in sorted(pairs):
+            merged.append(ts)
+            merged.append(pairs[ts])
+        data = merged.tobytes()[-self._keep :]
+        points[:] = data
+        after = len(data) >> 4
+        self._points += after - before
+        return max(0, after - before)
+
+    def export(
+        self,
+        select: Callable[[str, str, str], bool] | None = None,
+        metrics: Collection[str] | None = None,
+    ) -> Iterator[tuple[str, str, str, str, Labels, bytes]]:
+        """Every series as ``(metric, resource, namespace, name, labels, packed points)``, or those
+        whose object ``select(resource, namespace, name)`` accepts and whose name is in ``metrics``.
+        A snapshot per series (the bytes are copies), safe to send while writes go on."""
+        for metric, by_resource in list(self._index.items()):
+            if metrics is not None and metric not in metrics:
+                continue
+            for resource, by_namespace in list(by_resource.items()):
+                for namespace, node in list(by_namespace.items()):
+                    if type(namespace) is not str:
+                        continue
+                    for key, points in list(node.items()):
+                        name, labels = (key, ()) if type(key) is str else key
+                        if select is None or select(resource, namespace, name):
+                            yield metric, resource, namespace, name, labels, bytes(points)
 
     # ------------------------------------------------------------------ retention
 

@@ -9,10 +9,11 @@ from aiohttp import web
 
 from kcms.apis.metrics import convert
 from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
-from kcms.apiserver import APIGroupVersion, TableConverter, bad_request, not_found, respond
+from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, not_found, respond
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import SelectorError, parse_field_selector, parse_label_selector
+from kcms.store.cluster import QuorumError
 from kcms.store.resource import PodUsage, ResourceStore
 
 FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -70,6 +71,17 @@ class MetricsAPI:
         # pod's node is scraped again): listing 30 000 pods then formats nothing twice.
         self._rendered: dict[tuple[str, str], tuple[PodUsage, dict]] = {}
 
+    async def _view(self, kind: str, namespace: str | None, names: list[str] | None):
+        """What to read usage from: the store itself, or (store replicas) a snapshot of the
+        objects this request needs; a missed read quorum is a 503 Status."""
+        snapshot = getattr(self.store, "snapshot", None)
+        if snapshot is None:
+            return self.store
+        try:
+            return await snapshot(kind, namespace, names)
+        except QuorumError as e:
+            raise StatusError(503, "ServiceUnavailable", str(e)) from None
+
     def _pod_body(self, key: tuple[str, str], usage: PodUsage, fmt: convert.TimeFormatter) -> dict:
         hit = self._rendered.get(key)
         if hit is not None and hit[0] is usage:
@@ -119,7 +131,8 @@ class MetricsAPI:
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         fmt = convert.TimeFormatter()
-        usage_of = self.store.node_usage
+        store = await self._view("nodes", None, None if name is None else [name])
+        usage_of = store.node_usage
         for node in nodes:
             if not labels.empty and not labels.matches(node.labels):
                 continue
@@ -135,7 +148,7 @@ class MetricsAPI:
     async def get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         node = self.inventory.node(name)
-        usage = self.store.node_usage(name) if node is not None else None
+        usage = (await self._view("nodes", None, [name])).node_usage(name) if node is not None else None
         if node is None or usage is None:
             raise not_found(convert.GROUP, "nodemetrics", name)
         fmt = convert.TimeFormatter()
@@ -158,8 +171,9 @@ class MetricsAPI:
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         fmt = convert.TimeFormatter()
-        usage_of = self.store.pod_usage
-        if len(self._rendered) > 2 * self.store.stats_pods() + 1000:
+        store = await self._view("pods", namespace, None if name is None or namespace is None else [name])
+        usage_of = store.pod_usage
+        if len(self._rendered) > 2 * store.stats_pods() + 1000:
             self._rendered.clear()  # drop what deleted pods left behind
         for pod in pods:
             if pod.phase != "Running":
@@ -182,7 +196,7 @@ class MetricsAPI:
         pod = self.inventory.pod(namespace, name)
         usage = None
         if pod is not None and pod.phase == "Running":
-            usage = self.store.pod_usage(namespace, name)
+            usage = (await self._view("pods", namespace, [name])).pod_usage(namespace, name)
         if pod is None or usage is None:
             raise not_found(convert.GROUP, "podmetrics", name)
         fmt = convert.TimeFormatter()

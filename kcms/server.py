@@ -1,0 +1,205 @@
+"""`kcms server`: the aggregated API server as its own process.
+
+Two ways to run it:
+
+* **over stores** (multi-store and sharded modes): it holds no data; every request reads a quorum of
+  `kcms store` replicas (:mod:`kcms.store.cluster`). Any number of servers can run side by side.
+* **active-standby** (push mode, Koordinator's design): it keeps an in-process store fed by
+  `kcms agent --push`; of the servers sharing the Lease, the holder serves and reports ready, the
+  others answer 503 on pushes and are not ready (so a Service routes agents and the aggregator to
+  the active one only). Nodes silent for ``--node-stale-after`` are not served and are listed on
+  ``GET /push/v1/status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from kcms.apis.custom import CustomMetricsAPI
+from kcms.apis.external import ExternalMetricsAPI
+from kcms.apis.metrics.api import MetricsAPI
+from kcms.apis.objects import ObjectLabels
+from kcms.apis.push import PushAPI, PushLimits
+from kcms.apiserver import AggregatedAPIServer
+from kcms.standalone import KubeAccess, kube_access, serving_options
+from kcms.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+
+class ServerProcess:
+    """An API server over stores, or an active-standby push server; see the module docstring."""
+
+    def __init__(self, args: argparse.Namespace, access: KubeAccess, members: Any = None) -> None:
+        self.args = args
+        self.access = access
+        self.inventory = access.inventory
+        self.server = AggregatedAPIServer(
+            serving_options(args), access.authn, access.authz, kube_client=access.authn_kube
+        )
+        objects = ObjectLabels(self.inventory, access.authn_kube)
+        self.elector = None
+        self.cluster = None
+        self.provider: Any = None
+        self._tasks: list[asyncio.Task] = []
+        limits = PushLimits(
+            max_series_total=args.push_max_series, max_series_per_metric=args.push_max_series_per_metric
+        )
+        if args.active_standby:
+            from kcms.apis.nodepush import NodePushAPI
+            from kcms.apis.provider import StoreProvider
+            from kcms.store.resource import ResourceStore
+            from kcms.store.series import SeriesStore
+
+            self.resources = ResourceStore(args.node_stale_after, max_age=args.node_stale_after)
+            self.series = SeriesStore(
+                retention=args.series_retention,
+                stale_after=args.series_stale_after,
+                default_window=args.series_default_window,
+            )
+            self.provider = StoreProvider(self.series, objects.namespaced)
+            metrics_store: Any = self.resources
+            writer: Any = self.series
+            if args.leader_elect:
+                from kcms.collector.run import elector_factory
+
+                self.elector = elector_factory(args, access.kube)(self._started, self._stopped)
+            active = self.elector.is_leader if self.elector is not None else (lambda: True)
+            self.node_push = NodePushAPI(
+                self.resources,
+                self.series,
+                active=active,
+                node_stale_after=args.node_stale_after,
+                known_nodes=lambda: [n.name for n in self.inventory.nodes()],
+            )
+            for method, path, handler in self.node_push.routes():
+                self.server.app.router.add_route(method, path, handler)
+            self.server.add_check(
+                "leader",
+                lambda: (True, "ok") if active() else (False, "standby: not holding the lease"),
+                livez=False,
+                readyz=True,
+            )
+        else:
+            from kcms.apis.cluster_provider import ClusterProvider
+            from kcms.apis.metrics.remote import RemoteResources
+            from kcms.collector.sink import ClusterSink
+            from kcms.store.run import cluster_from_flags
+
+            self.cluster = cluster_from_flags(args, members)
+            self.provider = ClusterProvider(self.cluster, objects.namespaced, retention=args.series_retention)
+            metrics_store = RemoteResources(self.cluster)
+            self.sink = ClusterSink(self.cluster)
+            writer = self.sink
+            self.server.add_check("stores", self._stores_check, livez=False, readyz=True)
+            self._store_state: tuple[bool, str] = (False, "stores not asked yet")
+        self.server.install(MetricsAPI(self.inventory, metrics_store).group_version())
+        for gv in CustomMetricsAPI([self.provider], objects).group_versions():
+            self.server.install(gv)
+        self.server.install(ExternalMetricsAPI([self.provider]).group_version())
+        self.push = PushAPI(writer, limits)
+        for method, path, handler in self.push.routes():
+            self.server.app.router.add_route(method, path, handler)
+        self.server.add_check(
+            "informer-sync",
+            lambda: (True, "ok") if self.inventory.has_synced() else (False, "nodes and pods not listed yet"),
+            livez=False,
+            readyz=True,
+        )
+
+    # ---- active-standby ---------------------------------------------------------------------------
+
+    def _started(self) -> None:
+        log.info("holding the lease: serving and accepting pushes")
+
+    def _stopped(self) -> None:
+        log.warning("lost the lease: standby (not ready, pushes refused)")
+
+    # ---- over stores ------------------------------------------------------------------------------
+
+    def _stores_check(self) -> tuple[bool, str]:
+        return self._store_state
+
+    async def _watch_stores(self) -> None:
+        """Ready while a read quorum of stores reports ready (asked every 2 s)."""
+        assert self.cluster is not None
+        while True:
+            ready = await self.cluster.ready_members()
+            read, _ = self.cluster.quorum
+            total = len(self.cluster.ring.members)
+            if total and len(ready) >= read:
+                self._store_state = (True, f"{len(ready)} of {total} stores ready")
+            else:
+                self._store_state = (False, f"{len(ready)} of {total} stores ready, {read} needed")
+            await asyncio.sleep(2.0)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from kcms.kube.inventory import KubeInventory
+
+        if isinstance(self.inventory, KubeInventory):
+            await self.inventory.start()
+        if self.cluster is not None:
+            self.sink.start()
+            self.provider.start()
+            self._tasks.append(asyncio.create_task(self._watch_stores(), name="kcms-server-stores"))
+        else:
+            self._tasks.append(asyncio.create_task(self._series_gc(), name="kcms-server-series-gc"))
+        if self.elector is not None:
+            self.elector.start()
+        await self.server.start()
+
+    async def _series_gc(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.series.collect_garbage(budget=10_000)
+
+    async def stop(self) -> None:
+        from kcms.kube.inventory import KubeInventory
+
+        self.server.set_shutting_down()
+        await self.server.stop()
+        if self.elector is not None:
+            await self.elector.stop()
+        for task in self._tasks:
+            await cancel_and_wait(task)
+        if self.cluster is not None:
+            await self.provider.stop()
+            await self.sink.stop()
+            await self.cluster.close()
+        if isinstance(self.inventory, KubeInventory):
+            await self.inventory.stop()
+
+
+async def run_server(args: argparse.Namespace) -> int:
+    access = await kube_access(
+        args, need_kube=bool(args.active_standby and args.leader_elect or args.store_service)
+    )
+    if access is None:
+        return 1
+    members = None
+    if not args.active_standby:
+        from kcms.store.run import members_from_flags
+
+        members = await members_from_flags(args, access.kube)
+        await members.start()
+    process = ServerProcess(args, access, members)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await process.start()
+        log.info("serving on https://%s:%d", args.bind_address, process.server.port)
+        await stop.wait()
+    finally:
+        await process.stop()
+        if members is not None:
+            await members.stop()
+        await access.close()
+    return 0

@@ -1,0 +1,105 @@
+"""A client of one `kcms store` replica (see :mod:`kcms.store.service`)."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from kcms.store import wire
+
+
+class StoreError(Exception):
+    """A replica did not answer usefully: unreachable, timed out, or an error status."""
+
+    def __init__(self, store: str, message: str, status: int = 0) -> None:
+        super().__init__(f"store {store}: {message}")
+        self.store = store
+        self.status = status
+
+
+def client_ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca_file or None)
+    return ctx
+
+
+class StoreClient:
+    """Requests to one replica at ``url`` (``http://`` or ``https://host:port``).
+
+    Each request has its own deadline (``timeout`` seconds) and is retried ``retries`` times on a
+    connection error or timeout, never on an answer: a replica that answered an error is not asked
+    again within the same call.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        token: Callable[[], str | None],
+        *,
+        timeout: float = 2.0,
+        retries: int = 1,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self.session = session
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.ssl = ssl_context if self.url.startswith("https:") else None
+
+    def __repr__(self) -> str:
+        return f"StoreClient({self.name!r}, {self.url!r})"
+
+    async def _post(self, path: str, body: Any, typ: type, deadline: float | None = None) -> Any:
+        data = wire.encode(body)
+        headers = {"Content-Type": wire.CONTENT_TYPE, "Accept-Encoding": "gzip"}
+        token = self.token()
+        if token:
+            headers["Authorization"] = "Bearer " + token
+        limit = aiohttp.ClientTimeout(total=deadline or self.timeout)
+        attempt = 0
+        while True:
+            try:
+                async with self.session.post(
+                    self.url + path, data=data, headers=headers, timeout=limit, ssl=self.ssl
+                ) as resp:
+                    raw = await resp.read()
+                    if resp.status != 200:
+                        message = raw[:300].decode("utf-8", "replace")
+                        raise StoreError(self.name, f"{path}: HTTP {resp.status}: {message}", resp.status)
+                    return wire.decode(raw, typ)
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                attempt += 1
+                if attempt > self.retries:
+                    raise StoreError(self.name, f"{path}: {type(e).__name__}: {e}") from None
+            except ValueError as e:  # an answer we cannot decode
+                raise StoreError(self.name, f"{path}: malformed answer: {e}") from None
+
+    async def write(self, body: wire.Write) -> wire.WriteAck:
+        return await self._post("/store/v1/write", body, wire.WriteAck)
+
+    async def query_series(self, q: wire.SeriesQuery) -> list[wire.SeriesRow]:
+        return await self._post("/store/v1/query/series", q, list[wire.SeriesRow])
+
+    async def query_resource(self, q: wire.ResourceQuery) -> wire.ResourceRows:
+        return await self._post("/store/v1/query/resource", q, wire.ResourceRows)
+
+    async def metrics(self) -> list[tuple[str, str]]:
+        return await self._post("/store/v1/metrics", None, list[tuple[str, str]])
+
+    async def export(self, req: wire.ExportRequest, deadline: float | None = None) -> wire.Write:
+        return await self._post("/store/v1/export", req, wire.Write, deadline=deadline)
+
+    async def ready(self) -> bool:
+        try:
+            async with self.session.get(
+                self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=self.timeout), ssl=self.ssl
+            ) as resp:
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False

@@ -1,0 +1,201 @@
+"""Store replicas as real processes under failure: kill -9, SIGSTOP, restart with refill, sharding and
+a member joining. Writes and reads go through the same quorum client the collector and server use."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from _stores import Stores, pod_ref
+
+from kcms.store import wire
+from kcms.store.cluster import StoreCluster
+from kcms.store.ring import Ring
+
+PODS = 40
+
+
+async def _load(
+    cluster: StoreCluster, seconds: float, during=None
+) -> tuple[dict[str, list[float]], int, int]:
+    """Write a point for every pod every 20 ms and read named and wildcard queries meanwhile.
+    Returns (acknowledged timestamps per pod, queries done, queries failed)."""
+    acked: dict[str, list[float]] = {}
+    done = failed = 0
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        k = 0
+        while not stop.is_set():
+            t = time.time()
+            samples = [("jobs_total", pod_ref(i), (), t, float(k)) for i in range(PODS)]
+            result = await cluster.write((), samples)
+            if cluster.ring.everywhere:
+                if result.ok:
+                    for i in range(PODS):
+                        acked.setdefault(f"pod-{i}", []).append(t)
+            else:  # sharded: a key is acknowledged when its owners' quorum took it
+                read, write = cluster.quorum
+                for i in range(PODS):
+                    owners = cluster.ring.owners(("pods", "default", f"pod-{i}"))
+                    if sum(o not in result_failed(result) for o in owners) >= write:
+                        acked.setdefault(f"pod-{i}", []).append(t)
+            k += 1
+            await asyncio.sleep(0.02)
+
+    def result_failed(result) -> set[str]:
+        return {e.split(":")[0].removeprefix("store ") for e in result.errors}
+
+    async def reader() -> None:
+        nonlocal done, failed
+        while not stop.is_set():
+            for names in (None, ["pod-3", "pod-7"]):
+                try:
+                    rows = await cluster.query_series("pods", "default", names, "jobs_total")
+                    assert rows, "a quorum read returned nothing"
+                except Exception as e:  # noqa: BLE001 - every failure counts
+                    failed += 1
+                    print("query failed:", type(e).__name__, e)
+                done += 1
+            await asyncio.sleep(0.02)
+
+    tasks = [asyncio.create_task(writer()), asyncio.create_task(reader())]
+    if during is not None:
+        await during()
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return acked, done, failed
+
+
+async def _points(cluster: StoreCluster, names: list[str]) -> dict[str, set[float]]:
+    """Every stored timestamp per pod, the union over the given stores' raw exports."""
+    out: dict[str, set[float]] = {}
+    for name in names:
+        data = await cluster.client(name).export(wire.ExportRequest(resources=False))
+        for metric, _r, _ns, pod, _labels, packed in data.series:
+            if metric == "jobs_total":
+                ts = memoryview(packed).cast("d")[0::2]
+                out.setdefault(pod, set()).update(ts)
+    return out
+
+
+@pytest.fixture
+def stores3(tmp_path):
+    stores = Stores(tmp_path, 3)
+    stores.start_all()
+    yield stores
+    stores.stop_all()
+
+
+async def test_kill_one_of_three_loses_no_query_and_no_acknowledged_point(stores3) -> None:
+    cluster = stores3.cluster()
+    try:
+
+        async def kill_later() -> None:
+            await asyncio.sleep(1.0)
+            stores3.kill("s1")
+
+        acked, done, failed = await _load(cluster, 3.0, kill_later)
+        assert cluster.quorum == (2, 2)
+        assert failed == 0 and done > 50
+        assert sum(len(v) for v in acked.values()) > PODS * 50
+        survivors = await _points(cluster, ["s0", "s2"])
+        for pod, stamps in acked.items():
+            assert set(stamps) <= survivors[pod], f"{pod}: acknowledged points missing"
+        latest = await cluster.query_series("pods", "default", None, "jobs_total")
+        assert {r.obj.name: r.timestamp for r in latest} == {p: max(s) for p, s in acked.items()}
+
+        # restart empty: it copies from a peer before it reports ready, then answers the same
+        stores3.start("s1")
+        stores3.wait_ready("s1")
+        refilled = await _points(cluster, ["s1"])
+        for pod, stamps in acked.items():
+            assert set(stamps) <= refilled[pod]
+        alone = await cluster.client("s1").query_series(
+            wire.SeriesQuery("pods", "default", None, "jobs_total")
+        )
+        assert {r[0]: r[3] for r in alone} == {r.obj.name: r.timestamp for r in latest}
+    finally:
+        await cluster.close()
+
+
+async def test_a_hung_replica_costs_the_grace_not_the_answer(stores3) -> None:
+    cluster = stores3.cluster(timeout=1.0)
+    try:
+        now = time.time()
+        assert (await cluster.write((), [("m", pod_ref(1), (), now, 1.0)])).ok
+        stores3.pause("s2")
+        started = time.monotonic()
+        rows = await cluster.query_series("pods", "default", ["pod-1"], "m")
+        took = time.monotonic() - started
+        assert [r.value for r in rows] == [1.0]
+        assert took < 1.0, f"a quorum read waited {took:.2f}s for the hung replica"
+        result = await cluster.write((), [("m", pod_ref(1), (), now + 1, 2.0)])
+        assert result.ok  # W=2 of 3: the hung one times out after --store-timeout
+        assert any("s2" in e for e in result.errors)
+        stores3.resume("s2")
+        # read repair: a later read finds s2 behind and copies the point to it
+        for _ in range(50):
+            await cluster.query_series("pods", "default", ["pod-1"], "m")
+            got = await cluster.client("s2").query_series(wire.SeriesQuery("pods", "default", ["pod-1"], "m"))
+            if got and got[0][2] == 2.0:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("s2 was not repaired by reads")
+    finally:
+        await cluster.close()
+
+
+async def test_sharded_kill_and_join(tmp_path) -> None:
+    stores = Stores(tmp_path, 4, replicas=2)
+    stores.start_all()
+    cluster = stores.cluster()
+    try:
+
+        async def kill_later() -> None:
+            await asyncio.sleep(1.0)
+            stores.kill("s1")
+
+        acked, done, failed = await _load(cluster, 2.5, kill_later)
+        assert cluster.quorum == (1, 2)
+        assert failed == 0 and done > 40
+        alive = await _points(cluster, ["s0", "s2", "s3"])
+        for pod, stamps in acked.items():
+            assert set(stamps) <= alive[pod], f"{pod}: acknowledged points missing"
+        # each pod lives on exactly two stores
+        ring4 = Ring(["s0", "s1", "s2", "s3"], 2)
+        stores.start("s1")
+        stores.wait_ready("s1")
+        before = {
+            r.obj.name: r.value for r in await cluster.query_series("pods", "default", None, "jobs_total")
+        }
+        assert len(before) == PODS
+
+        # a fifth store joins: it copies only the keys the new ring gives it
+        stores.add("s4")
+        stores.start("s4")
+        stores.wait_ready("s4")
+        ring5 = Ring(["s0", "s1", "s2", "s3", "s4"], 2)
+        keys = [("pods", "default", f"pod-{i}") for i in range(PODS)]
+        moved = [k for k in keys if set(ring4.owners(k)) != set(ring5.owners(k))]
+        for k in moved:
+            assert len(set(ring4.owners(k)) - set(ring5.owners(k))) == 1  # one copy moves, not both
+        assert 0.15 < len(moved) / len(keys) < 0.65  # expected share: replicas / members = 2/5
+        grown = stores.cluster()
+        try:
+            held = await _points(grown, ["s4"]) if await grown.ready_members() else {}
+            assert set(held) == {k[2] for k in moved}
+            after = {
+                r.obj.name: r.value for r in await grown.query_series("pods", "default", None, "jobs_total")
+            }
+            assert after == before
+            named = await grown.query_series("pods", "default", [moved[0][2]], "jobs_total")
+            assert [r.value for r in named] == [before[moved[0][2]]]
+        finally:
+            await grown.close()
+    finally:
+        await cluster.close()
+        stores.stop_all()
