@@ -55,7 +55,8 @@ class ServerProcess:
             from kcms.store.resource import ResourceStore
             from kcms.store.series import SeriesStore
 
-            self.resources = ResourceStore(args.node_stale_after, max_age=args.node_stale_after)
+            # readings arrive every push interval (agents' default 15 s); staleness is the push API's job
+            self.resources = ResourceStore(15.0, max_age=max(args.node_stale_after, 30.0))
             self.series = SeriesStore(
                 retention=args.series_retention,
                 stale_after=args.series_stale_after,
@@ -76,8 +77,7 @@ class ServerProcess:
                 node_stale_after=args.node_stale_after,
                 known_nodes=lambda: [n.name for n in self.inventory.nodes()],
             )
-            for method, path, handler in self.node_push.routes():
-                self.server.app.router.add_route(method, path, handler)
+            self.node_push.attach(self.server.app)  # its routes, and the stale-node sweep
             self.server.add_check(
                 "leader",
                 lambda: (True, "ok") if active() else (False, "standby: not holding the lease"),

@@ -19,11 +19,13 @@ from collections.abc import Sequence
 
 from kcms.agent.buffer import SampleBuffer
 from kcms.agent.server import Agent, _parse_listen
-from kcms.flags import parse_duration, port, positive_int
+from kcms.flags import csv_list, parse_duration, port, positive_int
 
 __all__ = ["add_agent_arguments", "agent_main", "main"]
 
 log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def _duration(text: str) -> float:
@@ -39,6 +41,23 @@ def _listen(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def _push_urls(text: str) -> list[str]:
+    from urllib.parse import urlsplit
+
+    urls = csv_list(text)
+    if not urls:
+        raise argparse.ArgumentTypeError("expected one or more URLs, comma-separated")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise argparse.ArgumentTypeError(f"{url!r} is not an http(s) URL")
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{url!r}: {e}") from None
+    return urls
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,6 +130,41 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kubelet-insecure-tls", action="store_true", help="do not verify the kubelet's certificate"
     )
+    p.add_argument(
+        "--push",
+        type=_push_urls,
+        default=None,
+        metavar="URL[,URL...]",
+        help="push mode: POST node/pod usage and custom series every --push-interval to the first of "
+        "these KCMS servers that accepts (a standby answers 503 and the next is tried)",
+    )
+    p.add_argument(
+        "--push-interval",
+        type=_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="push period (default 15s)",
+    )
+    p.add_argument(
+        "--push-timeout",
+        type=_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="timeout of one push to one server (default 5s)",
+    )
+    p.add_argument(
+        "--push-token-file",
+        default=None,
+        metavar="FILE",
+        help="bearer token for the pushes, re-read before each (default: the pod's service-account "
+        "token, if present)",
+    )
+    p.add_argument(
+        "--push-ca-file",
+        default="",
+        metavar="FILE",
+        help="CA that signed the servers' certificates (default: the system trust store)",
+    )
     if not any("-v" in a.option_strings for a in p._actions):
         p.add_argument(
             "-v", "--v", type=int, default=0, metavar="LEVEL", help="log verbosity (0-10; 2+ is debug)"
@@ -146,7 +200,14 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "argument --node-name: required (or set NODE_NAME)"
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         return "arguments --tls-cert-file and --tls-private-key-file must be given together"
-    for flag in ("kubeconfig", "tls_cert_file", "tls_private_key_file", "kubelet_certificate_authority"):
+    for flag in (
+        "kubeconfig",
+        "tls_cert_file",
+        "tls_private_key_file",
+        "kubelet_certificate_authority",
+        "push_token_file",
+        "push_ca_file",
+    ):
         path = getattr(args, flag)
         if path and not os.path.isfile(path):
             return f"argument --{flag.replace('_', '-')}: no such file: {path}"
@@ -158,7 +219,56 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"argument --scrape-timeout: must not exceed --interval ({args.interval:g}s)"
     if not args.no_cgroups and not os.path.isdir(args.cgroup_root):
         return f"argument --cgroup-root: no such directory: {args.cgroup_root}"
+    if args.push:
+        if args.no_kubelet:
+            return "argument --push: needs the kubelet's readings (drop --no-kubelet)"
+        if args.push_timeout > args.push_interval:
+            return f"argument --push-timeout: must not exceed --push-interval ({args.push_interval:g}s)"
     return None
+
+
+def _token_source(path: str | None):
+    """Read the push token from ``path`` (default: the service-account token, if present) each push."""
+    if path is None:
+        if not os.path.isfile(SERVICE_ACCOUNT_TOKEN):
+            return None
+        path = SERVICE_ACCOUNT_TOKEN
+
+    def token() -> str | None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip() or None
+        except OSError as e:
+            log.warning("cannot read the push token from %s: %s", path, e)
+            return None
+
+    return token
+
+
+def _push_reporter(args: argparse.Namespace, client, buffer: SampleBuffer):
+    """The reporter of ``--push``: its own kubelet scrape per push, the buffer's series along."""
+    from kcms.agent.push import PushReporter
+    from kcms.store.wire import Write, node_to_wire
+
+    source = _kubelet_source(args, client)
+
+    async def collect() -> Write:
+        batch = await source.scrape_batch()  # type: ignore[attr-defined]
+        if batch is None:
+            log.warning("kubelet scrape failed (%s): pushing custom series only", source.errors)  # type: ignore[attr-defined]
+            return Write()
+        return Write(nodes=[node_to_wire(batch)])
+
+    reporter = PushReporter(
+        args.push,
+        interval=args.push_interval,
+        timeout=args.push_timeout,
+        token_source=_token_source(args.push_token_file),
+        ca_file=args.push_ca_file or None,
+        collect=collect,
+        buffer=buffer,
+    )
+    return reporter, source
 
 
 async def agent_main(args: argparse.Namespace) -> int:
@@ -173,6 +283,11 @@ async def agent_main(args: argparse.Namespace) -> int:
             ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
         except (OSError, ssl.SSLError) as e:
             return _usage_error(f"argument --tls-cert-file: cannot load the certificate and key: {e}")
+    if args.push and args.push_ca_file:
+        try:
+            ssl.create_default_context(cafile=args.push_ca_file)
+        except (OSError, ssl.SSLError) as e:
+            return _usage_error(f"argument --push-ca-file: cannot load {args.push_ca_file}: {e}")
 
     buffer = SampleBuffer(args.retention, args.max_series_per_pod, args.max_series_per_node)
     sources: dict[str, object] = {}
@@ -216,6 +331,9 @@ async def agent_main(args: argparse.Namespace) -> int:
         routes = otlp_routes(buffer)
 
     agent = Agent(buffer, sources, args.interval, args.listen, routes, ssl_context)
+    reporter = push_source = None
+    if args.push:
+        reporter, push_source = _push_reporter(args, client, buffer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -229,10 +347,17 @@ async def agent_main(args: argparse.Namespace) -> int:
             await agent.start()
         except OSError as e:
             return _usage_error(f"argument --listen: cannot listen on {args.listen}: {e}")
+        if reporter is not None:
+            reporter.start()
+            log.info("pushing to %s every %gs", ", ".join(args.push), args.push_interval)
         await stop.wait()
         log.info("stopping")
         return 0
     finally:
+        if reporter is not None:
+            await reporter.stop()
+        if push_source is not None:
+            await push_source.close()  # type: ignore[attr-defined]
         await agent.stop()
         if informer is not None:
             await informer.stop()

@@ -9,10 +9,13 @@ collide with the cgroup source's ``container_*`` series of the same containers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from kcms.collector.kubelet import KubeletClient, ScrapeError
 from kcms.model import NodeBatch, NodeInfo, ObjectRef
+
+log = logging.getLogger(__name__)
 
 Sample = tuple[str, ObjectRef, tuple[tuple[str, str], ...], float, float]
 
@@ -41,13 +44,19 @@ class KubeletSource:
         self.errors: dict[str, int] = {}
 
     async def collect(self, now: float) -> list[Sample]:
+        batch = await self.scrape_batch()
+        return [] if batch is None else list(batch_samples(batch))
+
+    async def scrape_batch(self) -> NodeBatch | None:
+        """One scrape of the kubelet as a :class:`NodeBatch` (push mode); None when it failed
+        (counted in ``errors`` by reason, logged)."""
         self.client.start_cycle()
         try:
-            batch = await self.client.scrape(self.node)
+            return await self.client.scrape(self.node)
         except ScrapeError as e:
             self.errors[e.reason] = self.errors.get(e.reason, 0) + 1
-            return []
-        return list(batch_samples(batch))
+            log.debug("kubelet scrape failed: %s", e)
+            return None
 
     async def close(self) -> None:
         await self.client.close()
