@@ -1,15 +1,17 @@
 """The one fake Kubernetes API server used by the tests.
 
 `FakeKubeAPI` is a real HTTPS server on 127.0.0.1 that speaks the kube-apiserver JSON protocol for the
-parts KCMS uses: LIST and WATCH (resourceVersion, bookmarks, 410 Expired) of nodes, pods, configmaps and
-leases, GET/POST/PUT of leases with optimistic concurrency, TokenReview and SubjectAccessReview.
+parts KCMS uses: LIST and WATCH (resourceVersion, bookmarks, 410 Expired) of nodes, pods, configmaps,
+leases and endpointslices, GET/POST/PUT of leases with optimistic concurrency (every accepted write is
+appended to `lease_writes`), TokenReview and SubjectAccessReview.
 
     async with FakeKubeAPI(ca) as fake:
         fake.upsert(make_node("n1"))
         fake.write_kubeconfig(tmp_path / "kubeconfig")
 
 Test controls: `expire_history()`, `send_bookmarks()`, `drop_watches()`, `stop()` / `start()` (same port).
-The object builders `make_node` and `make_pod` live in tests/fakeobjects.py and are re-exported here.
+The object builders `make_node` and `make_pod` live in tests/fakeobjects.py and are re-exported here;
+`make_endpointslice` lives in tests/fakeobjects.py too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import orjson
 import trustme
 from aiohttp import web
-from fakeobjects import make_node, make_pod, rfc3339_now  # noqa: F401
+from fakeobjects import make_endpointslice, make_node, make_pod, rfc3339_now  # noqa: F401
 
 from kcms.selectors import LabelSelector, parse_label_selector
 
@@ -38,8 +40,13 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "pods": ("/api/v1", "Pod", True),
     "configmaps": ("/api/v1", "ConfigMap", True),
     "leases": ("/apis/coordination.k8s.io/v1", "Lease", True),
+    "endpointslices": ("/apis/discovery.k8s.io/v1", "EndpointSlice", True),
 }
-_API_VERSION = {"/api/v1": "v1", "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1"}
+_API_VERSION = {
+    "/api/v1": "v1",
+    "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1",
+    "/apis/discovery.k8s.io/v1": "discovery.k8s.io/v1",
+}
 
 _PATH = re.compile(
     r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$"
@@ -131,6 +138,10 @@ class FakeKubeAPI:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.token_reviews: list[dict] = []
         self.access_reviews: list[dict] = []
+        # every accepted POST/PUT of a lease:
+        # (namespace, name, resourceVersion, holderIdentity, renewTime, leaseTransitions)
+        self.lease_writes: list[tuple[str, str, str, str, str, int]] = []
+        self.lease_write_delay = 0.0  # seconds a lease POST/PUT waits before it is applied (to force races)
         self.rv = 1
         self.history_floor = 1  # the oldest RV one may watch from; below it: 410 Expired
         self.history_limit = history_limit
@@ -428,6 +439,8 @@ class FakeKubeAPI:
             meta = body["metadata"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return _status(400, "BadRequest", "invalid Lease body")
+        if self.lease_write_delay:
+            await asyncio.sleep(self.lease_write_delay)
         meta["namespace"] = ns
         key = (ns, meta.get("name", ""))
         current = self._objects["leases"].get(key)
@@ -439,7 +452,7 @@ class FakeKubeAPI:
             meta.pop("resourceVersion", None)
             body.setdefault("apiVersion", "coordination.k8s.io/v1")
             body.setdefault("kind", "Lease")
-            return web.json_response(self.upsert(body, "leases"), status=201)
+            return web.json_response(self._lease_written(self.upsert(body, "leases")), status=201)
         if name != key[1]:
             return _status(400, "BadRequest", "name in body does not match the URL")
         if current is None:
@@ -458,7 +471,21 @@ class FakeKubeAPI:
         meta.pop("resourceVersion", None)
         meta["uid"] = current["metadata"]["uid"]
         meta["creationTimestamp"] = current["metadata"]["creationTimestamp"]
-        return web.json_response(self.upsert(body, "leases"))
+        return web.json_response(self._lease_written(self.upsert(body, "leases")))
+
+    def _lease_written(self, lease: dict) -> dict:
+        meta, spec = lease["metadata"], lease.get("spec") or {}
+        self.lease_writes.append(
+            (
+                meta["namespace"],
+                meta["name"],
+                meta["resourceVersion"],
+                spec.get("holderIdentity") or "",
+                spec.get("renewTime") or "",
+                int(spec.get("leaseTransitions") or 0),
+            )
+        )
+        return lease
 
     async def _token_review(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from typing import Any
 
 
 def rfc3339_now() -> str:
@@ -150,4 +151,47 @@ def make_pod(
             ],
             "qosClass": "Burstable",
         },
+    }
+
+
+def make_endpointslice(
+    namespace: str,
+    service: str,
+    endpoints: list[tuple[str, str, bool | None]],
+    port: int,
+    port_name: str = "",
+    *,
+    name: str | None = None,
+    address_type: str = "",
+) -> dict:
+    """A discovery.k8s.io/v1 EndpointSlice of ``service`` as the EndpointSlice controller writes it.
+
+    ``endpoints`` are (pod name, address, ready): an empty pod name leaves out the targetRef, ready None
+    leaves out the condition (which means ready). ``name`` defaults to "<service>-<5 random chars>";
+    ``address_type`` defaults to IPv6 when the first address has a colon, else IPv4.
+    """
+    if not address_type:
+        address_type = "IPv6" if endpoints and ":" in endpoints[0][1] else "IPv4"
+    eps = []
+    for pod, address, ready in endpoints:
+        conditions = {} if ready is None else {"ready": ready, "serving": ready, "terminating": False}
+        ep: dict[str, Any] = {"addresses": [address], "conditions": conditions, "nodeName": "node-1"}
+        if pod:
+            ep["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": pod, "uid": str(uuid.uuid4())}
+        eps.append(ep)
+    return {
+        "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {
+            "name": name or f"{service}-{uuid.uuid4().hex[:5]}",
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": "svc-uid"}],
+        },
+        "addressType": address_type,
+        "endpoints": eps,
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
     }
