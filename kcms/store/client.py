@@ -63,6 +63,7 @@ class StoreClient:
             headers["Authorization"] = "Bearer " + token
         limit = aiohttp.ClientTimeout(total=deadline or self.timeout)
         attempt = 0
+        free_retry_used = False
         while True:
             try:
                 async with self.session.post(
@@ -75,6 +76,12 @@ class StoreClient:
                     return wire.decode(raw, typ)
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 attempt += 1
+                # A pooled keep-alive connection to a replica that restarted fails at once with a
+                # disconnect: that costs one free retry on a new connection, not a failed request.
+                if isinstance(e, aiohttp.ServerDisconnectedError) and not free_retry_used:
+                    free_retry_used = True
+                    attempt -= 1
+                    continue
                 if attempt > self.retries:
                     raise StoreError(self.name, f"{path}: {type(e).__name__}: {e}") from None
             except ValueError as e:  # an answer we cannot decode
