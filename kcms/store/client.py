@@ -43,6 +43,7 @@ class StoreClient:
         timeout: float = 2.0,
         retries: int = 1,
         ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
@@ -51,6 +52,9 @@ class StoreClient:
         self.timeout = timeout
         self.retries = retries
         self.ssl = ssl_context if self.url.startswith("https:") else None
+        # The name the certificate must carry when ``url`` holds an address (EndpointSlices give
+        # pod IPs; certificates name the pods' DNS names).
+        self.tls_name = {"server_hostname": server_hostname} if server_hostname and self.ssl else {}
 
     def __repr__(self) -> str:
         return f"StoreClient({self.name!r}, {self.url!r})"
@@ -67,7 +71,7 @@ class StoreClient:
         while True:
             try:
                 async with self.session.post(
-                    self.url + path, data=data, headers=headers, timeout=limit, ssl=self.ssl
+                    self.url + path, data=data, headers=headers, timeout=limit, ssl=self.ssl, **self.tls_name
                 ) as resp:
                     raw = await resp.read()
                     if resp.status != 200:
@@ -105,7 +109,10 @@ class StoreClient:
     async def ready(self) -> bool:
         try:
             async with self.session.get(
-                self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=self.timeout), ssl=self.ssl
+                self.url + "/readyz",
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                ssl=self.ssl,
+                **self.tls_name,
             ) as resp:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):

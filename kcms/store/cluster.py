@@ -86,7 +86,8 @@ Sample = tuple[str, ObjectRef, Labels, float, float]
 
 class StoreCluster:
     """The stores named by ``members`` (a :class:`kcms.kube.members` source: ``members()`` of
-    ``Member(name, url)``), addressed as one store."""
+    ``Member(name, url)``), addressed as one store. ``tls_name(member name)``: the name a store's
+    certificate is checked against (default: the URL's host)."""
 
     def __init__(
         self,
@@ -100,8 +101,10 @@ class StoreCluster:
         timeout: float = 2.0,
         retries: int = 1,
         grace: float = 0.02,
+        tls_name: Callable[[str], str | None] | None = None,
     ) -> None:
         self.source = members
+        self.tls_name = tls_name
         self.replicas = replicas
         self._write_quorum = write_quorum
         self._read_quorum = read_quorum
@@ -140,6 +143,7 @@ class StoreCluster:
                     timeout=self.timeout,
                     retries=self.retries,
                     ssl_context=self._ssl,
+                    server_hostname=self.tls_name(name) if self.tls_name is not None else None,
                 )
 
     def _get_session(self) -> aiohttp.ClientSession:

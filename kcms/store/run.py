@@ -46,6 +46,15 @@ async def members_from_flags(args: argparse.Namespace, kube: Any | None) -> Any:
     return StaticMembers([])
 
 
+def tls_name_from_flags(args: argparse.Namespace) -> Any:
+    """With ``--store-service NS/NAME`` stores are reached at pod IPs; their certificates name the
+    pods' stable DNS names, ``<pod>.<NAME>.<NS>.svc`` (a StatefulSet behind a headless Service)."""
+    if not args.store_service:
+        return None
+    namespace, _, service = args.store_service.partition("/")
+    return lambda member: f"{member}.{service}.{namespace}.svc"
+
+
 def cluster_from_flags(args: argparse.Namespace, members: Any) -> StoreCluster:
     token = TokenFile(args.store_token_file) if args.store_token_file else None
     return StoreCluster(
@@ -57,6 +66,7 @@ def cluster_from_flags(args: argparse.Namespace, members: Any) -> StoreCluster:
         ca_file=args.store_ca_file or None,
         timeout=args.store_timeout,
         retries=args.store_retries,
+        tls_name=tls_name_from_flags(args),
     )
 
 
@@ -85,6 +95,7 @@ class StoreReplica:
             ca_file=args.store_ca_file or None,
             timeout=args.refill_timeout,
             retries=0,
+            tls_name=tls_name_from_flags(args),
         )
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
