@@ -238,3 +238,87 @@ async def test_node_readings_are_refilled_and_repaired(tmp_path) -> None:
     finally:
         await cluster.close()
         stores.stop_all()
+
+
+async def test_membership_from_endpointslices_and_refill_while_not_listed(fake_kube, tmp_path) -> None:
+    """Stores found through a headless Service's EndpointSlices (watched): a store that restarts is
+    not in the slice until it is ready, and must still refill from the others before it is."""
+    import subprocess
+    import sys
+
+    from _stores import TOKEN
+    from fakeobjects import make_endpointslice
+
+    from kcms.kube.members import EndpointSliceMembers
+
+    stores = Stores(tmp_path, 3)
+    port = stores.ports["s0"]  # one port, three loopback addresses, as pods in a cluster
+    address = {name: f"127.0.5.{i + 1}" for i, name in enumerate(sorted(stores.ports))}
+
+    def publish(ready: dict[str, bool]) -> None:
+        endpoints = [(name, address[name], ready[name]) for name in sorted(address)]
+        fake_kube.upsert(
+            make_endpointslice("kcms", "kcms-store", endpoints, port, "store", name="kcms-store-x")
+        )
+
+    def start(name: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115
+        cmd = [
+            sys.executable, "-m", "kcms", "store", f"--bind-address={address[name]}", f"--port={port}",
+            f"--token-file={stores.token_file}", f"--store-name={name}", "--store-service=kcms/kcms-store",
+            "--store-port-name=store", "--store-scheme=http", f"--kubeconfig={fake_kube.kubeconfig}",
+            "--refill-timeout=20s",
+        ]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        stores.procs[name] = proc
+        return proc
+
+    def ready(name: str) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{address[name]}:{port}/readyz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    async def wait_ready(name: str) -> None:
+        for _ in range(300):
+            assert stores.procs[name].poll() is None, stores.log(name)
+            if ready(name):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{name} not ready: {stores.log(name)}")
+
+    publish(dict.fromkeys(address, True))
+    members = EndpointSliceMembers(
+        _kube := await _client(fake_kube), "kcms", "kcms-store", port_name="store", scheme="http"
+    )
+    await members.start()
+    cluster = StoreCluster(members, token=lambda: TOKEN, timeout=1.0, retries=0)
+    try:
+        for name in address:
+            start(name)
+        for name in address:
+            await wait_ready(name)
+        now = time.time()
+        assert (await cluster.write((), [("m", pod_ref(i), (), now, float(i)) for i in range(10)])).ok
+        stores.kill("s1")
+        publish({"s0": True, "s1": False, "s2": True})  # as the EndpointSlice controller would
+        start("s1")
+        await wait_ready("s1")
+        got = await cluster.client("s1").query_series(wire.SeriesQuery("pods", "default", None, "m"))
+        assert sorted(r[2] for r in got) == [float(i) for i in range(10)]
+        assert "copied" in stores.log("s1")
+    finally:
+        await cluster.close()
+        await members.stop()
+        await _kube.close()
+        stores.stop_all()
+
+
+async def _client(fake_kube):
+    from kcms.kube.client import KubeClient
+
+    return await KubeClient.load(str(fake_kube.kubeconfig))

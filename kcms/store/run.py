@@ -17,6 +17,7 @@ from kcms.store import wire
 from kcms.store.client import StoreClient, StoreError, client_ssl_context
 from kcms.store.cluster import StoreCluster
 from kcms.store.resource import ResourceStore
+from kcms.store.ring import Ring
 from kcms.store.series import SeriesStore
 from kcms.store.service import StoreService, TokenFile
 from kcms.tasks import cancel_and_wait
@@ -131,7 +132,9 @@ class StoreReplica:
             await self._runner.cleanup()
 
     def _names(self) -> tuple[str, ...]:
-        return tuple(sorted(m.name for m in self.members.members()))
+        """The members, this replica included: with EndpointSlices a replica is not listed until
+        it is ready, and it must refill before it is ready."""
+        return tuple(sorted({m.name for m in self.members.members()} | {self.name}))
 
     async def _first_refill(self) -> None:
         loop = asyncio.get_running_loop()
@@ -159,9 +162,7 @@ class StoreReplica:
         it did not own under that membership). True when at least one peer answered."""
         async with self._refill_lock:
             self.peers._refresh()
-            ring = self.peers.ring
-            if self.name not in ring.members:
-                return False
+            ring = Ring(self._names(), self.args.replicas)
             req = wire.ExportRequest(
                 owner=self.name,
                 members=list(ring.members),
