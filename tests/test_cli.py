@@ -53,6 +53,28 @@ def kcms(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
         (["standalone", "--kubelet-endpoint", "cadvisor"], "--kubelet-endpoint"),
         (["demo", "--nodes", "0"], "--nodes"),
         (["simulate", "--nodes", "many"], "--nodes"),
+        (["store"], "--token-file"),
+        (["store", "--token-file", "/nonexistent/token"], "--token-file"),
+        (["store", "--token-file", "/etc/hostname", "--replicas", "-1"], "--replicas"),
+        (["store", "--token-file", "/etc/hostname", "--store-endpoints", "ftp://x"], "--store-endpoints"),
+        (["store", "--token-file", "/etc/hostname", "--refill-timeout", "0s"], "--refill-timeout"),
+        (["collector"], "--store-endpoints"),
+        (["collector", "--store-endpoints", "a=http://a:1,b=http://b:1", "--replicas", "3"], "--replicas"),
+        (["collector", "--store-endpoints", "http://a:1", "--write-quorum", "2"], "--write-quorum"),
+        (["collector", "--store-service", "no-namespace"], "--store-service"),
+        (["collector", "--store-endpoints", "http://a:1", "--store-service", "ns/s"], "--store-service"),
+        (["collector", "--store-endpoints", "http://a:1", "--leader-elect=maybe"], "--leader-elect"),
+        (
+            ["collector", "--store-endpoints", "http://a:1", "--leader-elect-renew-deadline", "20s"],
+            "--leader-elect-lease-duration",
+        ),
+        (["collector", "--store-endpoints", "http://a:1", "--store-timeout", "0s"], "--store-timeout"),
+        (
+            ["server", "--store-endpoints", "http://a:1", "--store-token-file", "/nonexistent"],
+            "--store-token-file",
+        ),
+        (["server", "--active-standby", "--node-stale-after", "0s"], "--node-stale-after"),
+        (["server"], "--store-endpoints"),
     ],
 )
 def test_bad_flags_stop_startup_naming_the_flag(argv, flag):
