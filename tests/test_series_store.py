@@ -444,3 +444,32 @@ def test_store_agrees_with_a_model_under_appends_and_gc(ops):
                     got[(metric, ns, r.obj.name, r.labels)] = (r.timestamp, r.value)
         want = {k: p[-1] for k, p in model.items() if p and p[-1][0] >= now - retention}
         assert got == want
+
+
+_wire_sample = st.tuples(
+    st.sampled_from(["m_a", "m_b", "bad/name"]),
+    st.sampled_from(["pods", "nodes", ""]),
+    st.sampled_from(["", "ns1"]),
+    st.sampled_from(["p0", "p1", ""]),
+    st.sampled_from([(), (("k", "v"),), (("b", "2"), ("a", "1"))]),
+    st.floats(min_value=1e9, max_value=1e9 + 100) | st.sampled_from([math.nan, math.inf]),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_wire_sample, max_size=40))
+def test_append_wire_stores_what_append_does_one_at_a_time(samples):
+    """The store service's fast path keeps exactly the points that one-by-one appends keep, and
+    refuses (counts) exactly the ones append refuses with an error."""
+    fast, slow = SeriesStore(retention=1e12, stale_after=1e12), SeriesStore(retention=1e12, stale_after=1e12)
+    accepted, refused = fast.append_wire(samples)
+    want_accepted = want_refused = 0
+    for metric, resource, namespace, name, labels, ts, value in samples:
+        try:
+            want_accepted += slow.append(metric, ObjectRef(resource, namespace, name), labels, ts, value)
+        except ValueError:
+            want_refused += 1
+    assert (accepted, refused) == (want_accepted, want_refused)
+    assert fast.stats() == slow.stats()
+    assert sorted(fast.export()) == sorted(slow.export())

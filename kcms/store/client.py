@@ -60,7 +60,9 @@ class StoreClient:
         return f"StoreClient({self.name!r}, {self.url!r})"
 
     async def _post(self, path: str, body: Any, typ: type, deadline: float | None = None) -> Any:
-        data = wire.encode(body)
+        return await self._post_encoded(path, wire.encode(body), typ, deadline)
+
+    async def _post_encoded(self, path: str, data: bytes, typ: type, deadline: float | None = None) -> Any:
         headers = {"Content-Type": wire.CONTENT_TYPE, "Accept-Encoding": "gzip"}
         token = self.token()
         if token:
@@ -93,6 +95,10 @@ class StoreClient:
 
     async def write(self, body: wire.Write) -> wire.WriteAck:
         return await self._post("/store/v1/write", body, wire.WriteAck)
+
+    async def write_encoded(self, data: bytes) -> wire.WriteAck:
+        """A write already encoded with :func:`kcms.store.wire.encode` (one body, many replicas)."""
+        return await self._post_encoded("/store/v1/write", data, wire.WriteAck)
 
     async def query_series(self, q: wire.SeriesQuery) -> list[wire.SeriesRow]:
         return await self._post("/store/v1/query/series", q, list[wire.SeriesRow])

@@ -183,9 +183,12 @@ class StoreCluster:
         targets: Sequence[str],
         call: Callable[[StoreClient], Awaitable[T]],
         enough: Callable[[set[str], set[str]], bool] | None = None,
+        finish_late: bool = False,
     ) -> tuple[dict[str, T], dict[str, str]]:
         """Call every target; return (answers, errors) once all are in, or once ``enough(answered,
-        failed)`` and ``grace`` more seconds passed (the rest are cancelled)."""
+        failed)`` and ``grace`` more seconds passed. The calls still running then are cancelled,
+        or, with ``finish_late`` (writes), left to finish in the background within their own
+        timeout, so a slow replica still gets the write."""
         tasks = {asyncio.ensure_future(call(self._clients[name])): name for name in targets}
         answers: dict[str, T] = {}
         errors: dict[str, str] = {}
@@ -211,11 +214,20 @@ class StoreCluster:
                     deadline = time.monotonic() + self.grace
         finally:
             for task in pending:
-                task.cancel()
-                errors.setdefault(tasks[task], "no answer within the quorum grace")
-            if pending:
+                errors.setdefault(tasks[task], f"store {tasks[task]}: no answer within the quorum grace")
+                if finish_late:
+                    self._tasks.add(task)
+                    task.add_done_callback(self._late_done)
+                else:
+                    task.cancel()
+            if pending and not finish_late:
                 await asyncio.gather(*pending, return_exceptions=True)
         return answers, errors
+
+    def _late_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            REPLICA_ERRORS.labels(getattr(task.exception(), "store", "?")).inc()
 
     def _covered(self, keys: Iterable[Key] | None, answered: set[str]) -> bool:
         """True when every key (None: any key) has R of its owners among ``answered``."""
@@ -257,7 +269,17 @@ class StoreCluster:
                 for o in owners:
                     bodies.setdefault(o, wire.Write()).samples.append(s)
                 groups.setdefault(owners, [0, 0])[1] += 1
-        answers, errors = await self._gather(list(bodies), lambda c: c.write(bodies[c.name]))
+        encoded: dict[int, bytes] = {}
+        for body in bodies.values():  # multi-store: one body for all, encoded once
+            if id(body) not in encoded:
+                encoded[id(body)] = wire.encode(body)
+
+        def enough(answered: set[str], _failed: set[str]) -> bool:
+            return all(sum(o in answered for o in owners) >= write_quorum for owners in groups)
+
+        answers, errors = await self._gather(
+            list(bodies), lambda c: c.write_encoded(encoded[id(bodies[c.name])]), enough, finish_late=True
+        )
         for owners, (n_nodes, n_samples) in groups.items():
             if sum(o in answers for o in owners) >= write_quorum:
                 result.acked_nodes += n_nodes
@@ -373,9 +395,14 @@ class StoreCluster:
         except ValueError:
             return
         todo: dict[tuple[str, str], set[Key]] = {}  # (behind, source) -> keys
+        asked = len(answers)
+        settled = time.time() - self.timeout  # newer points may still be on their way to a replica
         for k, (row, source) in best.items():
-            key = (resource, namespace, k[0])
             newest = row[3]
+            stamps = seen[k]
+            if newest > settled or (len(stamps) == asked and min(stamps.values()) == newest):
+                continue
+            key = (resource, namespace, k[0])
             for store in answers:
                 if store == source or not self.ring.owns(store, key):
                     continue
@@ -385,9 +412,14 @@ class StoreCluster:
 
     def _schedule_node_repair(self, sources: dict[str, str], asked: Iterable[str], seen) -> None:
         todo: dict[tuple[str, str], set[Key]] = {}
+        asked = list(asked)
+        settled = time.time() - self.timeout
         for node, source in sources.items():
             key = node_key(node)
-            newest = seen[node][source]
+            stamps = seen[node]
+            newest = stamps[source]
+            if newest > settled or (len(stamps) == len(asked) and min(stamps.values()) == newest):
+                continue
             for store in asked:
                 if store == source or not self.ring.owns(store, key):
                     continue

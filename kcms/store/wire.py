@@ -1,9 +1,11 @@
 """The store service's wire format: MessagePack (msgspec) bodies for writes, queries and exports.
 
 Every structure is an array on the wire (``array_like``), so a sample costs its values and no field
-names. Measured with ``bench/wire.py`` (10 000 samples of 8 labels' worth of keys, one core):
-msgspec MessagePack encodes and decodes a write about 3x faster than orjson JSON of the same
-tuples, and is ~40% smaller before gzip — see the README's figures.
+names. Measured with ``bench/wire.py`` (a write of 10 000 samples with 2-3 label pairs, one core):
+MessagePack encodes and decodes it in ~0.9 µs a sample against ~4.1-5.0 µs for orjson JSON of the
+same tuples (which must also be turned back into tuples), and it is 26% smaller (107 against 144
+bytes a sample; 20% smaller after gzip). msgspec's typed JSON decodes as fast but is as large as
+orjson's, so MessagePack it is.
 
 Request and response types (``POST`` paths of :mod:`kcms.store.service`):
 
