@@ -199,30 +199,61 @@ async def test_gauge_and_attributes(client: Client):
 
 
 async def test_sums(client: Client):
-    before = counter("kcms_agent_otlp_rejected_total", reason="delta_temporality")
+    before = counter("kcms_agent_otlp_rejected_total", reason="delta_out_of_order")
     req = request(
         resource(
             POD_RES,
             total("http.requests", num(10, {"code": "200"})),
             total("jobs_total", num(3)),
             total("queue.depth", num(-2), monotonic=False),
-            total("bytes.sent", num(5), num(6), temporality=DELTA),
+            # delta: running totals per stream; a point not newer than the last one is a retry
+            total("bytes.sent", num(5), num(6, t=T + 10**9), num(6, t=T + 10**9), temporality=DELTA),
+            total("inflight", num(3), num(-1, t=T + 10**9), monotonic=False, temporality=DELTA),
         )
     )
     resp = await client.export(req)
-    assert resp.partial_success.rejected_data_points == 2
-    assert "delta_temporality" in resp.partial_success.error_message
+    assert resp.partial_success.rejected_data_points == 1
+    assert "delta_out_of_order" in resp.partial_success.error_message
     assert client.sink.samples == [
         ("http_requests_total", POD, (("code", "200"),), TS, 10.0),
         ("jobs_total", POD, (), TS, 3.0),
         ("queue_depth", POD, (), TS, -2.0),
+        ("bytes_sent_total", POD, (), TS, 5.0),
+        ("bytes_sent_total", POD, (), TS + 1, 11.0),
+        ("inflight", POD, (), TS, 3.0),
+        ("inflight", POD, (), TS + 1, 2.0),
     ]
     assert client.sink.kinds == {
         "http_requests_total": "counter",
         "jobs_total": "counter",
         "queue_depth": "gauge",
+        "bytes_sent_total": "counter",
+        "inflight": "gauge",
     }
-    assert counter("kcms_agent_otlp_rejected_total", reason="delta_temporality") == before + 2
+    assert counter("kcms_agent_otlp_rejected_total", reason="delta_out_of_order") == before + 1
+    # the totals carry over to the next export, and a resent point is refused there too
+    client.sink.samples.clear()
+    resp = await client.export(
+        request(
+            resource(
+                POD_RES, total("bytes.sent", num(6, t=T + 10**9), num(4, t=T + 2 * 10**9), temporality=DELTA)
+            )
+        )
+    )
+    assert resp.partial_success.rejected_data_points == 1
+    assert client.sink.samples == [("bytes_sent_total", POD, (), TS + 2, 15.0)]
+
+
+async def test_delta_histograms_accumulate_every_series(client: Client):
+    await client.export(request(resource(POD_RES, histogram_metric(DELTA))))
+    first = list(client.sink.samples)
+    client.sink.samples.clear()
+    later = histogram_metric(DELTA)
+    later.histogram.data_points[0].time_unix_nano = T + 10**9
+    await client.export(request(resource(POD_RES, later)))
+    assert [s[0] for s in client.sink.samples] == [s[0] for s in first]
+    for a, b in zip(first, client.sink.samples, strict=True):
+        assert b[3] == a[3] + 1 and b[4] == 2 * a[4]  # every bucket, the sum and the count doubled
 
 
 def histogram_metric(temporality=CUMULATIVE) -> pb.Metric:
@@ -329,19 +360,17 @@ async def test_refused_points(client: Client):
             summary,
             expo,
             bad_hist,
-            histogram_metric(DELTA),
         )
     )
     resp = await client.export(req)
     ps = resp.partial_success
-    assert ps.rejected_data_points == 10
+    assert ps.rejected_data_points == 9
     for part in (
         "3 non_finite_value",  # NaN, +Inf, a NaN quantile
         "2 no_value",
         "1 unsupported_type",
         "2 invalid_histogram",
         "1 unspecified_temporality",
-        "1 delta_temporality",
     ):
         assert part in ps.error_message, ps.error_message
     assert client.sink.samples == [
@@ -425,7 +454,7 @@ async def test_json_mapping_gives_same_samples(client: Client):
             gauge("temp", num(21.5, {"room": "a"}), num(3, {"room": "b"})),
             total("http.requests", num(10)),
             histogram_metric(),
-            total("bytes", num(1), temporality=DELTA),
+            total("bytes", num(1), temporality=0),  # unspecified: refused the same way each time
         ),
         resource({"k8s.namespace.name": "jobs"}, gauge("queue.backlog", num(42, {"queue": "emails"}))),
     )
@@ -441,7 +470,7 @@ async def test_json_mapping_gives_same_samples(client: Client):
     assert ctype.startswith("application/json")
     answer = orjson.loads(raw)
     assert answer["partialSuccess"]["rejectedDataPoints"] == "1"
-    assert "delta_temporality" in answer["partialSuccess"]["errorMessage"]
+    assert "unspecified_temporality" in answer["partialSuccess"]["errorMessage"]
     assert client.sink.samples == from_protobuf
 
     client.sink.samples.clear()
@@ -533,3 +562,40 @@ async def test_opentelemetry_sdk_exporter():
     assert got[("job_duration_bucket", (("le", "10.0"),))] == 1.0
     assert got[("job_duration_bucket", (("le", "+Inf"),))] == 1.0
     assert sink.kinds["job_duration_bucket"] == "counter" and sink.kinds["queue_depth"] == "gauge"
+
+
+async def test_opentelemetry_sdk_exporter_with_delta_temporality():
+    """An SDK set to export deltas (as many backends prefer): the agent's totals equal what a
+    cumulative exporter would have sent, across several exports."""
+    sdk_metrics = pytest.importorskip("opentelemetry.sdk.metrics")
+    http_exporter = pytest.importorskip("opentelemetry.exporter.otlp.proto.http.metric_exporter")
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource as SdkResource
+
+    sink = ListSink()
+    runner, url = await serve(otlp_routes(sink))
+    delta = {
+        sdk_metrics.Counter: AggregationTemporality.DELTA,
+        sdk_metrics.Histogram: AggregationTemporality.DELTA,
+    }
+    exporter = http_exporter.OTLPMetricExporter(endpoint=url, timeout=10, preferred_temporality=delta)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = sdk_metrics.MeterProvider(
+        resource=SdkResource.create({"k8s.pod.name": "web-1", "k8s.namespace.name": "shop"}),
+        metric_readers=[reader],
+    )
+    try:
+        meter = provider.get_meter("test")
+        requests, duration = meter.create_counter("http.requests"), meter.create_histogram("job.duration")
+        for adds in ((3, 1.0), (4, 30.0), (5, 2.0)):
+            requests.add(adds[0])
+            duration.record(adds[1])
+            assert await asyncio.to_thread(provider.force_flush, 10_000)
+    finally:
+        await asyncio.to_thread(provider.shutdown)
+        await runner.cleanup()
+    totals = [v for m, _, _, _, v in sink.samples if m == "http_requests_total"]
+    assert totals[:3] == [3.0, 7.0, 12.0]
+    counts = [v for m, _, _, _, v in sink.samples if m == "job_duration_count"]
+    sums = [v for m, _, _, _, v in sink.samples if m == "job_duration_sum"]
+    assert counts[:3] == [1.0, 2.0, 3.0] and sums[:3] == [1.0, 31.0, 33.0]

@@ -22,10 +22,12 @@ Mapping to samples (each becomes ``(metric, ObjectRef, Labels, seconds, value)``
   counters ``<name>_bucket{le=...}`` (cumulative counts, the last one ``le="+Inf"`` = ``count``),
   ``<name>_sum`` (when the point has a sum) and ``<name>_count``; min, max and exemplars are not
   kept. Summary -> gauges ``<name>{quantile=...}`` plus counters ``<name>_sum``, ``<name>_count``.
-- Refused: delta (and unspecified) temporality of Sum and Histogram — the agent keeps no running
-  totals, so a delta stream is refused (``delta_temporality``) rather than exposed as a wrong
-  counter; configure the SDK for cumulative temporality (the default of the OTLP metric exporter).
-  Exponential histograms are refused (``unsupported_type``).
+- Delta temporality of Sum and Histogram: the agent keeps a running total per series and exposes
+  it as the same counters (or gauge) a cumulative exporter would give (see
+  :mod:`kcms.agent.delta`); a delta point not newer than its stream's previous one is refused
+  (``delta_out_of_order``: a retry must not count twice), and so are new streams beyond the
+  totals' limit (``delta_limit``). Unspecified temporality is refused
+  (``unspecified_temporality``). Exponential histograms are refused (``unsupported_type``).
 - Labels: the data point's attributes. Keys: characters outside ``[a-zA-Z0-9_]`` become ``_`` (a
   leading digit gets a ``_`` prefix); keys starting with ``kcms_`` or ``__`` are dropped, and so
   are ``le``/``quantile`` on the series that carry their own. Keys that collide after this join
@@ -40,7 +42,7 @@ Mapping to samples (each becomes ``(metric, ObjectRef, Labels, seconds, value)``
 - Time: ``time_unix_nano`` (``0``: the time the request arrived).
 
 A data point is refused as a whole (counted once, whatever number of samples it makes) with one of
-``REASONS``: those above (``unbound``, ``invalid_object``, ``delta_temporality``,
+``REASONS``: those above (``unbound``, ``invalid_object``, ``delta_out_of_order``, ``delta_limit``,
 ``unspecified_temporality``, ``unsupported_type``), ``invalid_metric_name`` (an empty name),
 ``no_value`` (no value, or the no-recorded-value flag),
 ``non_finite_value`` (NaN or infinity anywhere in it), ``invalid_histogram`` (counts that do not
@@ -72,6 +74,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from prometheus_client import Counter
 
+from kcms.agent.delta import DeltaTotals
 from kcms.model import Labels, ObjectRef
 
 OTLP_METRICS_PATH = "/v1/metrics"
@@ -85,7 +88,7 @@ PointResult = tuple[list[Sample] | None, tuple[tuple[str, str], ...], str, str]
 
 # Refusal reasons, stable (Prometheus label values; see the module docstring).
 REASONS = tuple(
-    "unbound invalid_object invalid_metric_name no_value non_finite_value delta_temporality "
+    "unbound invalid_object invalid_metric_name no_value non_finite_value delta_out_of_order delta_limit "
     "unspecified_temporality invalid_histogram unsupported_type buffer_refused".split()
 )
 POINTS = Counter("kcms_agent_otlp_points", "OTLP data points received, by result.", ["result"])
@@ -289,7 +292,7 @@ def _refuse_all(points: Any, kinds: tuple, reason: str, detail: str) -> Iterator
 
 
 def _metric_points(
-    metric: Any, obj: ObjectRef | None, why: str, detail: str, now: float
+    metric: Any, obj: ObjectRef | None, why: str, detail: str, now: float, totals: DeltaTotals
 ) -> Iterator[PointResult]:
     kind = metric.WhichOneof("data")
     if kind is None:
@@ -303,13 +306,13 @@ def _metric_points(
     if name is None:
         yield from _refuse_all(points, (), "invalid_metric_name", "a metric has an empty name")
         return
+    delta = False
     if kind in ("sum", "histogram") and data.aggregation_temporality != _CUMULATIVE:
-        if data.aggregation_temporality == _DELTA:
-            reason, text = "delta_temporality", "delta temporality is not supported; export cumulative"
-        else:
-            reason, text = "unspecified_temporality", "the aggregation temporality is unspecified"
-        yield from _refuse_all(points, (), reason, f"{name}: {text}")
-        return
+        if data.aggregation_temporality != _DELTA:
+            text = f"{name}: the aggregation temporality is unspecified"
+            yield from _refuse_all(points, (), "unspecified_temporality", text)
+            return
+        delta = True
     if kind == "gauge" or (kind == "sum" and not data.is_monotonic):
         kinds: tuple[tuple[str, str], ...] = ((name, "gauge"),)
         convert = _number_point
@@ -331,17 +334,24 @@ def _metric_points(
             yield None, kinds, "no_value", f"{name}: the point carries the no-recorded-value flag"
             continue
         samples, reason, text = convert(name, obj, point, now)
+        if delta and samples is not None:
+            samples, reason = totals.accumulate(samples)
+            text = f"{name}: a delta point not newer than the previous one, or beyond the totals' limit"
         yield samples, kinds, reason, text
 
 
-def convert_request(request: ExportMetricsServiceRequest, now: float) -> Iterator[PointResult]:
-    """Every data point of ``request`` converted (or refused), in order; ``now`` stands for time 0."""
+def convert_request(
+    request: ExportMetricsServiceRequest, now: float, totals: DeltaTotals | None = None
+) -> Iterator[PointResult]:
+    """Every data point of ``request`` converted (or refused), in order; ``now`` stands for time 0;
+    ``totals`` carries delta streams' running totals from one request to the next."""
+    totals = DeltaTotals() if totals is None else totals
     for rm in request.resource_metrics:
         attrs = {kv.key: attribute_string(kv.value) for kv in rm.resource.attributes}
         obj, why, detail = bind_resource(attrs)
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                yield from _metric_points(metric, obj, why, detail, now)
+                yield from _metric_points(metric, obj, why, detail, now, totals)
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------
@@ -460,6 +470,7 @@ class _Receiver:
         self.limit = max_body_bytes
         self.clock = clock
         self.declare: Callable[[str, str], None] | None = getattr(sink, "declare", None)
+        self.totals = DeltaTotals()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         content_type = request.content_type
@@ -494,7 +505,7 @@ class _Receiver:
         by_reason: dict[str, int] = {}
         details: dict[str, str] = {}
         declared: tuple = ()
-        for i, (samples, kinds, reason, detail) in enumerate(convert_request(message, now), 1):
+        for i, (samples, kinds, reason, detail) in enumerate(convert_request(message, now, self.totals), 1):
             if i % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # let other requests run during a large export
             if samples is not None:
