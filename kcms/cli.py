@@ -498,7 +498,7 @@ def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.agent_scrape_interval < 1:
             sub.error("argument --agent-scrape-interval: must be at least 1s")
         _check_files(sub, args, FILE_FLAGS + ("store_ca_file",))
-        from kcms.collector.run import run_collector
+        from kcms.collector_process import run_collector
 
         return asyncio.run(run_collector(args))
     validate_serving_flags(sub, args)

@@ -66,7 +66,7 @@ class ServerProcess:
             metrics_store: Any = self.resources
             writer: Any = self.series
             if args.leader_elect:
-                from kcms.collector.run import elector_factory
+                from kcms.collector_process import elector_factory
 
                 self.elector = elector_factory(args, access.kube)(self._started, self._stopped)
             active = self.elector.is_leader if self.elector is not None else (lambda: True)
@@ -87,8 +87,8 @@ class ServerProcess:
         else:
             from kcms.apis.cluster_provider import ClusterProvider
             from kcms.apis.metrics.remote import RemoteResources
-            from kcms.collector.sink import ClusterSink
             from kcms.store.run import cluster_from_flags
+            from kcms.store.sink import ClusterSink
 
             self.cluster = cluster_from_flags(args, members)
             self.provider = ClusterProvider(self.cluster, objects.namespaced, retention=args.series_retention)

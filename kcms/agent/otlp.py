@@ -75,6 +75,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from prometheus_client import Counter
 
 from kcms.agent.delta import DeltaTotals
+from kcms.httpbody import BodyTooLarge, read_body
 from kcms.model import Labels, ObjectRef
 
 OTLP_METRICS_PATH = "/v1/metrics"
@@ -384,22 +385,12 @@ def _status_response(status: int, message: str, content_type: str) -> web.Respon
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise _Failure(413, f"the request body is larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        try:
-            chunk = await request.content.readany()
-        except web.RequestPayloadError as e:  # e.g. a gzip body aiohttp could not inflate
-            raise _Failure(400, f"cannot read the body: {e}") from None
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise _Failure(413, f"the request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_body(request, limit)
+    except BodyTooLarge as e:
+        raise _Failure(413, str(e)) from None
+    except web.RequestPayloadError as e:  # e.g. a gzip body aiohttp could not inflate
+        raise _Failure(400, f"cannot read the body: {e}") from None
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:

@@ -36,7 +36,7 @@ from prometheus_client import Counter
 from kcms.agent.buffer import SampleBuffer
 from kcms.sources.exposition import parse_exposition
 from kcms.store.wire import CONTENT_TYPE, Write, WriteAck, decode, encode, samples_to_wire
-from kcms.tasks import cancel_and_wait
+from kcms.tasks import cancel_and_wait, run_every
 
 __all__ = ["NODES_PATH", "PushReporter"]
 
@@ -111,19 +111,7 @@ class PushReporter:
             self._session = None
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.push_once()
-            except Exception:  # keep reporting: the next round may well succeed
-                log.exception("push round failed")
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:  # fell behind: skip the missed ticks
-                next_at = loop.time()
-                delay = 0
-            await asyncio.sleep(delay)
+        await run_every(self.interval, self.push_once, "push round")
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:

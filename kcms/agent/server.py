@@ -24,7 +24,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from kcms.agent.buffer import Sample, SampleBuffer
-from kcms.tasks import cancel_and_wait
+from kcms.tasks import cancel_and_wait, run_every
 
 __all__ = ["AGENT_TIME_HEADER", "Agent", "Source", "make_app"]
 
@@ -149,19 +149,7 @@ class Agent:
         await self._cycle_done.wait()
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            try:
-                await self.collect_once()
-            except Exception:  # keep collecting: the next cycle may well succeed
-                log.exception("collection cycle failed")
-            next_at += self.interval
-            delay = next_at - loop.time()
-            if delay < 0:  # fell behind: skip the missed ticks
-                next_at = loop.time()
-                delay = 0
-            await asyncio.sleep(delay)
+        await run_every(self.interval, self.collect_once, "collection cycle")
 
     async def start(self) -> None:
         """Bind the server and start the collection loop."""

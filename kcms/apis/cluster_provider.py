@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterable
 
-from kcms.apis.provider import MetricInfo, MetricValue
+from kcms.apis.provider import MetricInfo, MetricValue, custom_metric_infos, external_metric_names
 from kcms.apiserver import StatusError
 from kcms.selectors import LabelSelector
 from kcms.store.cluster import QuorumError, StoreCluster
@@ -75,15 +75,7 @@ class ClusterProvider:
 
     # ---- custom metrics ------------------------------------------------------------------------
     def list_metrics(self) -> Iterable[MetricInfo]:
-        out: list[MetricInfo] = []
-        for resource, metric in self._pairs:
-            if not resource:
-                continue
-            ns = bool(self.namespaced(resource))
-            out.append(MetricInfo(resource, metric, ns))
-            if metric.endswith("_total") and len(metric) > len("_total"):
-                out.append(MetricInfo(resource, metric[: -len("_total")] + "_per_second", ns))
-        return out
+        return custom_metric_infos(self._pairs, self.namespaced)
 
     async def get_metrics(
         self,
@@ -99,14 +91,7 @@ class ClusterProvider:
 
     # ---- external metrics ----------------------------------------------------------------------
     def list_external_metrics(self) -> Iterable[str]:
-        out: list[str] = []
-        for resource, metric in self._pairs:
-            if resource:
-                continue
-            out.append(metric)
-            if metric.endswith("_total") and len(metric) > len("_total"):
-                out.append(metric[: -len("_total")] + "_per_second")
-        return out
+        return external_metric_names(self._pairs)
 
     async def get_external_metrics(
         self, namespace: str, metric: str, selector: LabelSelector

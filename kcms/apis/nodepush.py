@@ -77,6 +77,7 @@ from prometheus_client import Counter, Gauge
 from kcms.apiserver import StatusError, bad_request
 from kcms.apiserver.discovery import Route
 from kcms.apiserver.responses import bytes_response, json_response
+from kcms.httpbody import BodyTooLarge, read_body
 from kcms.model import Labels, ObjectRef
 from kcms.sources.exposition import object_problem
 from kcms.store.resource import ResourceStore
@@ -367,26 +368,10 @@ class NodePushAPI:
         return accepted, refused, len(write.samples) - accepted - refused
 
     async def _read_limited(self, request: web.Request) -> bytes:
-        limit = self.max_body_bytes
-        too_large = StatusError(
-            413, "RequestEntityTooLarge", f"the request body is larger than {limit} bytes"
-        )
-        encoded = request.headers.get("Content-Encoding", "identity").lower()
-        if encoded == "identity" and request.content_length is not None and request.content_length > limit:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
         try:
-            while True:  # aiohttp has already undone the Content-Encoding: the limit is on decoded bytes
-                chunk = await request.content.readany()
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > limit:
-                    raise too_large
-                chunks.append(chunk)
-        except StatusError:
-            raise
+            return await read_body(request, self.max_body_bytes)
+        except BodyTooLarge as e:
+            raise StatusError(413, "RequestEntityTooLarge", str(e)) from None
         except Exception as e:  # a broken gzip stream, a truncated body
+            encoded = request.headers.get("Content-Encoding", "identity")
             raise bad_request(f"cannot read the request body ({encoded}): {e}") from None
-        return b"".join(chunks)

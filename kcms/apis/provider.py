@@ -27,6 +27,8 @@ __all__ = [
     "MetricInfo",
     "MetricValue",
     "StoreProvider",
+    "custom_metric_infos",
+    "external_metric_names",
 ]
 
 EVERYTHING = LabelSelector()  # the selector that matches every series
@@ -92,6 +94,34 @@ class ExternalMetricsProvider(Protocol):
         ...
 
 
+def _with_rates(metric: str) -> tuple[str, ...]:
+    """A series name, and ``<base>_per_second`` too when it is a counter ``<base>_total``."""
+    if metric.endswith("_total") and len(metric) > len("_total"):
+        return metric, metric[: -len("_total")] + "_per_second"
+    return (metric,)
+
+
+def custom_metric_infos(
+    pairs: Iterable[tuple[str, str]], namespaced: Callable[[str], bool]
+) -> list[MetricInfo]:
+    """Discovery entries for stored ``(resource, series name)`` pairs (external ones skipped)."""
+    out: list[MetricInfo] = []
+    scoped: dict[str, bool] = {}
+    for resource, metric in pairs:
+        if not resource:
+            continue
+        ns = scoped.get(resource)
+        if ns is None:
+            ns = scoped[resource] = bool(namespaced(resource))
+        out.extend(MetricInfo(resource, name, ns) for name in _with_rates(metric))
+    return out
+
+
+def external_metric_names(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """External metric names for stored ``(resource, series name)`` pairs (resource "")."""
+    return [name for resource, metric in pairs if not resource for name in _with_rates(metric)]
+
+
 class StoreProvider:
     """Both provider interfaces over a :class:`~kcms.store.series.SeriesStore`.
 
@@ -114,18 +144,7 @@ class StoreProvider:
     # ---- custom metrics ------------------------------------------------------------------------
     def list_metrics(self) -> Iterable[MetricInfo]:
         """Every (resource, metric) present in the store, and the rates of its counters."""
-        out: list[MetricInfo] = []
-        scoped: dict[str, bool] = {}
-        for resource, metric in self.store.metrics():
-            if not resource:
-                continue
-            ns = scoped.get(resource)
-            if ns is None:
-                ns = scoped[resource] = bool(self.namespaced(resource))
-            out.append(MetricInfo(resource, metric, ns))
-            if metric.endswith("_total") and len(metric) > len("_total"):
-                out.append(MetricInfo(resource, metric[: -len("_total")] + "_per_second", ns))
-        return out
+        return custom_metric_infos(self.store.metrics(), self.namespaced)
 
     async def get_metrics(
         self,
@@ -145,14 +164,7 @@ class StoreProvider:
     # ---- external metrics ----------------------------------------------------------------------
     def list_external_metrics(self) -> Iterable[str]:
         """The external series names present in the store, and the rates of its counters."""
-        out: list[str] = []
-        for resource, metric in self.store.metrics():
-            if resource:
-                continue
-            out.append(metric)
-            if metric.endswith("_total") and len(metric) > len("_total"):
-                out.append(metric[: -len("_total")] + "_per_second")
-        return out
+        return external_metric_names(self.store.metrics())
 
     async def get_external_metrics(
         self, namespace: str, metric: str, selector: LabelSelector

@@ -58,6 +58,7 @@ from prometheus_client import Counter
 from kcms.apiserver import StatusError, bad_request
 from kcms.apiserver.discovery import Route
 from kcms.apiserver.responses import json_response
+from kcms.httpbody import BodyTooLarge, read_body
 from kcms.model import Labels, ObjectRef
 from kcms.selectors import validate_label_key
 
@@ -309,23 +310,10 @@ class PushAPI:
         return json_response(request, summary.body())
 
     async def _read_limited(self, request: web.Request) -> bytes:
-        limit = self.limits.max_body_bytes
-        too_large = StatusError(
-            413, "RequestEntityTooLarge", f"the request body is larger than {limit} bytes"
-        )
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await request.content.readany()
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_body(request, self.limits.max_body_bytes)
+        except BodyTooLarge as e:
+            raise StatusError(413, "RequestEntityTooLarge", str(e)) from None
 
     def ingest(self, samples: Iterable[PushSample], now: float | None = None) -> PushSummary:
         """Check and store samples one by one; return what was accepted and why others were not."""

@@ -26,10 +26,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kcms.collector.agents import AgentCollector
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
-from kcms.collector.sink import ClusterSink
 from kcms.heap import HeapFreezer
 from kcms.selectors import parse_label_selector
 from kcms.store.cluster import StoreCluster
+from kcms.store.sink import ClusterSink
 
 log = logging.getLogger(__name__)
 
