@@ -4,10 +4,12 @@ API server), as in a cluster: one port, one loopback address per store, as pods 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 
 from _stores import TOKEN, Stores, pod_ref
 from fakeobjects import make_endpointslice
@@ -60,15 +62,25 @@ class SliceStores:
             await asyncio.sleep(0.05)
         raise AssertionError(f"{name} not ready: {self.stores.log(name)}")
 
-    async def client(self) -> tuple[StoreCluster, EndpointSliceMembers, KubeClient]:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[StoreCluster]:
+        """Every store listed ready and started; a quorum client watching the same slice."""
+        self.publish(dict.fromkeys(self.address, True))
         kube = await KubeClient.load(str(self.fake.kubeconfig))
         members = EndpointSliceMembers(kube, "kcms", "kcms-store", port_name="store", scheme="http")
         await members.start()
-        return (
-            StoreCluster(members, replicas=self.replicas, token=lambda: TOKEN, timeout=1.0, retries=0),
-            members,
-            kube,
-        )
+        cluster = StoreCluster(members, replicas=self.replicas, token=lambda: TOKEN, timeout=1.0, retries=0)
+        try:
+            for name in self.address:
+                self.start(name)
+            for name in self.address:
+                await self.wait_ready(name)
+            yield cluster
+        finally:
+            await cluster.close()
+            await members.stop()
+            await kube.close()
+            self.stores.stop_all()
 
 
 async def _held(cluster: StoreCluster, name: str) -> set[str]:
@@ -79,13 +91,7 @@ async def _held(cluster: StoreCluster, name: str) -> set[str]:
 async def test_a_restarting_store_refills_before_it_is_listed(fake_kube, tmp_path) -> None:
     """A store that restarts is not in the slice until it is ready, and must refill first."""
     env = SliceStores(fake_kube, tmp_path, 3)
-    env.publish(dict.fromkeys(env.address, True))
-    cluster, members, kube = await env.client()
-    try:
-        for name in env.address:
-            env.start(name)
-        for name in env.address:
-            await env.wait_ready(name)
+    async with env.running() as cluster:
         now = time.time()
         assert (await cluster.write((), [("m", pod_ref(i), (), now, float(i)) for i in range(10)])).ok
         env.stores.kill("s1")
@@ -95,22 +101,11 @@ async def test_a_restarting_store_refills_before_it_is_listed(fake_kube, tmp_pat
         got = await cluster.client("s1").query_series(wire.SeriesQuery("pods", "default", None, "m"))
         assert sorted(r[2] for r in got) == [float(i) for i in range(10)]
         assert "copied" in env.stores.log("s1")
-    finally:
-        await cluster.close()
-        await members.stop()
-        await kube.close()
-        env.stores.stop_all()
 
 
 async def test_when_a_shard_leaves_the_others_copy_the_keys_they_now_own(fake_kube, tmp_path) -> None:
     env = SliceStores(fake_kube, tmp_path, 4, replicas=2)
-    env.publish(dict.fromkeys(env.address, True))
-    cluster, members, kube = await env.client()
-    try:
-        for name in env.address:
-            env.start(name)
-        for name in env.address:
-            await env.wait_ready(name)
+    async with env.running() as cluster:
         now = time.time()
         pods = 60
         result = await cluster.write((), [("m", pod_ref(i), (), now, float(i)) for i in range(pods)])
@@ -133,8 +128,3 @@ async def test_when_a_shard_leaves_the_others_copy_the_keys_they_now_own(fake_ku
         rows = await cluster.query_series("pods", "default", None, "m")
         assert sorted(r.value for r in rows) == [float(i) for i in range(pods)]
         assert cluster.ring.members == ("s0", "s1", "s2")
-    finally:
-        await cluster.close()
-        await members.stop()
-        await kube.close()
-        env.stores.stop_all()
