@@ -104,6 +104,7 @@ async def test_agents_push_to_the_active_server_and_follow_a_failover(fake_kube,
             t0 = time.monotonic()
             await _wait(lambda: ready(standby), 3 * LEASE, "the standby becomes ready")
             await _wait(lambda: served(standby), 20, "the node served after the failover")
+            print(f"push failover: node served by the standby {time.monotonic() - t0:.2f}s after SIGKILL")
             assert time.monotonic() - t0 < LEASE + 10
 
             # the agent stops: the node turns stale, is not served, and is listed
