@@ -262,3 +262,38 @@ async def test_node_readings_are_refilled_and_repaired(tmp_path) -> None:
     finally:
         await cluster.close()
         stores.stop_all()
+
+
+def _queries_served(stores: Stores, name: str) -> float:
+    """How many series queries a store answered, from its own /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{stores.ports[name]}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kcms_store_requests_total{") and 'path="/store/v1/query/series"' in line
+    )
+
+
+async def test_multi_store_reads_ask_r_replicas_in_turns_and_pass_over_a_hung_one(stores3) -> None:
+    cluster = stores3.cluster(timeout=1.0)
+    try:
+        assert (await cluster.write((), [("m", pod_ref(1), (), time.time(), 1.0)])).ok
+        before = {n: _queries_served(stores3, n) for n in stores3.ports}
+        for _ in range(30):
+            assert [r.value for r in await cluster.query_series("pods", "default", ["pod-1"], "m")] == [1.0]
+        served = {n: _queries_served(stores3, n) - before[n] for n in stores3.ports}
+        assert sum(served.values()) == 60  # R = 2 of 3 each time, not all three
+        assert all(15 <= v <= 25 for v in served.values()), served  # taking turns
+        stores3.pause("s2")
+        for _ in range(10):
+            assert [r.value for r in await cluster.query_series("pods", "default", ["pod-1"], "m")] == [1.0]
+        stores3.resume("s2")
+        await asyncio.sleep(0.5)
+        # the hung store was asked once (that read hedged to the third store), then passed over
+        assert _queries_served(stores3, "s2") - before["s2"] - served["s2"] <= 1
+    finally:
+        stores3.resume("s2")
+        await cluster.close()

@@ -12,7 +12,10 @@ raw points copied from the replica that had the newest, in the background, a bou
 keys per query.
 
 A read returns once every replica asked has answered, or once the quorum is met and
-``grace`` seconds more have passed: a hung replica (SIGSTOP) costs the grace, not the timeout.
+``grace`` seconds more have passed: a hung replica (SIGSTOP) costs the grace, not the timeout. In
+multi-store mode a read asks only R replicas, in turns (as Katalyst reads R), and asks the others
+when one of those fails or ``hedge`` (half the timeout) passes; a replica that failed or was slow is
+asked last for the next 10 s, so a hung one costs one hedge, not one per read.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ REPLICA_ERRORS = Counter(
 REPAIRS = Counter("kcms_store_read_repairs_total", "Keys copied to a replica found behind by a read.")
 
 MAX_REPAIR_KEYS = 256  # per read: repairs must never cost more than the read itself
+SUSPECT_SECONDS = 10.0  # a replica that failed or was slow is asked last for this long
 
 
 class QuorumError(Exception):
@@ -119,6 +123,9 @@ class StoreCluster:
         self._repairing: set[tuple[str, Key]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._metrics_cache: tuple[float, list[tuple[str, str]]] = (0.0, [])
+        self.hedge = timeout / 2  # a read asks the spare replicas after this long without a quorum
+        self._suspect: dict[str, float] = {}  # store -> until when it is asked last (it failed lately)
+        self._turn = 0
 
     # ---- membership ----------------------------------------------------------------------------
 
@@ -184,24 +191,26 @@ class StoreCluster:
         call: Callable[[StoreClient], Awaitable[T]],
         enough: Callable[[set[str], set[str]], bool] | None = None,
         finish_late: bool = False,
+        spare: Sequence[str] = (),
     ) -> tuple[dict[str, T], dict[str, str]]:
         """Call every target; return (answers, errors) once all are in, or once ``enough(answered,
         failed)`` and ``grace`` more seconds passed. The calls still running then are cancelled,
         or, with ``finish_late`` (writes), left to finish in the background within their own
-        timeout, so a slow replica still gets the write."""
+        timeout, so a slow replica still gets the write. ``spare`` targets are called only when a
+        target fails or ``hedge`` seconds pass without enough answers (a hedged read)."""
         tasks = {asyncio.ensure_future(call(self._clients[name])): name for name in targets}
         answers: dict[str, T] = {}
         errors: dict[str, str] = {}
         pending = set(tasks)
         deadline = None
+        hedge_at = time.monotonic() + self.hedge if spare else None
         try:
             while pending:
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                waits = [t for t in (deadline, hedge_at) if t is not None]
+                timeout = None if not waits else max(0.0, min(waits) - time.monotonic())
                 done, pending = await asyncio.wait(
                     pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
-                if not done:
-                    break
                 for task in done:
                     name = tasks[task]
                     exc = task.exception()
@@ -210,7 +219,21 @@ class StoreCluster:
                     else:
                         errors[name] = str(exc)
                         REPLICA_ERRORS.labels(name).inc()
-                if deadline is None and enough is not None and enough(set(answers), set(errors)):
+                        self._suspect[name] = time.monotonic() + SUSPECT_SECONDS
+                satisfied = enough is not None and enough(set(answers), set(errors))
+                if hedge_at is not None and not satisfied and (errors or time.monotonic() >= hedge_at):
+                    for name in spare:  # a target failed or is slow: ask the others too
+                        task = asyncio.ensure_future(call(self._clients[name]))
+                        tasks[task] = name
+                        pending.add(task)
+                    for task, name in tasks.items():
+                        if task in pending and name not in spare:
+                            self._suspect[name] = time.monotonic() + SUSPECT_SECONDS
+                    hedge_at = None
+                    continue
+                if not done and (deadline is not None and time.monotonic() >= deadline or hedge_at is None):
+                    break
+                if deadline is None and satisfied:
                     deadline = time.monotonic() + self.grace
         finally:
             for task in pending:
@@ -303,7 +326,22 @@ class StoreCluster:
     ) -> dict[str, T]:
         self._refresh()
         targets = self._targets(keys)
-        answers, errors = await self._gather(targets, call, lambda ok, _failed: self._covered(keys, ok))
+        spare: list[str] = []
+        read, _ = self.quorum
+        if self.ring.everywhere and len(targets) > read:
+            # Multi-store: ask R stores, not all (as Katalyst does), taking turns and passing over
+            # the ones that failed lately; the others are asked if one of these fails or is slow.
+            self._turn += 1
+            now = time.monotonic()
+            order = sorted(
+                range(len(targets)),
+                key=lambda i: (self._suspect.get(targets[i], 0.0) > now, (i - self._turn) % len(targets)),
+            )
+            spare = [targets[i] for i in order[read:]]
+            targets = [targets[i] for i in order[:read]]
+        answers, errors = await self._gather(
+            targets, call, lambda ok, _failed: self._covered(keys, ok), spare=spare
+        )
         if not self._covered(keys, set(answers)):
             READS.labels(kind, "failed").inc()
             read, _ = self.quorum
