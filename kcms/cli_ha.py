@@ -86,6 +86,21 @@ def add_store_client_flags(p: argparse.ArgumentParser) -> None:
         help="deadline of one request to one store (default 2s)",
     )
     g.add_argument(
+        "--store-quorum-grace",
+        type=parse_duration,
+        default=0.02,
+        metavar="DURATION",
+        help="once a quorum answered, how long to wait for the other stores asked (default 20ms)",
+    )
+    g.add_argument(
+        "--store-hedge-delay",
+        type=parse_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="multi-store reads ask R stores and the others after this long without a quorum "
+        "(default: half of --store-timeout)",
+    )
+    g.add_argument(
         "--store-retries",
         type=non_negative_int,
         default=1,
@@ -205,6 +220,10 @@ def validate_store_client(p: argparse.ArgumentParser, args: argparse.Namespace, 
         p.error(f"argument --store-service: expected NAMESPACE/NAME, got {args.store_service!r}")
     if getattr(args, "store_timeout", 1.0) <= 0:
         p.error("argument --store-timeout: must be positive")
+    if getattr(args, "store_quorum_grace", 0.0) < 0:
+        p.error("argument --store-quorum-grace: must not be negative")
+    if getattr(args, "store_hedge_delay", 0.0) < 0:
+        p.error("argument --store-hedge-delay: must not be negative")
     if getattr(args, "store_token_file", "") and not os.path.isfile(args.store_token_file):
         p.error(f"argument --store-token-file: no such file: {args.store_token_file}")
 

@@ -69,6 +69,7 @@ def kcms(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
             "--leader-elect-lease-duration",
         ),
         (["collector", "--store-endpoints", "http://a:1", "--store-timeout", "0s"], "--store-timeout"),
+        (["server", "--store-endpoints", "http://a:1", "--store-hedge-delay", "soon"], "--store-hedge-delay"),
         (
             ["server", "--store-endpoints", "http://a:1", "--store-token-file", "/nonexistent"],
             "--store-token-file",

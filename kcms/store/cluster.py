@@ -105,6 +105,7 @@ class StoreCluster:
         timeout: float = 2.0,
         retries: int = 1,
         grace: float = 0.02,
+        hedge: float | None = None,
         tls_name: Callable[[str], str | None] | None = None,
     ) -> None:
         self.source = members
@@ -123,7 +124,8 @@ class StoreCluster:
         self._repairing: set[tuple[str, Key]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._metrics_cache: tuple[float, list[tuple[str, str]]] = (0.0, [])
-        self.hedge = timeout / 2  # a read asks the spare replicas after this long without a quorum
+        # a multi-store read asks the spare replicas after this long without a quorum
+        self.hedge = timeout / 2 if hedge is None else hedge
         self._suspect: dict[str, float] = {}  # store -> until when it is asked last (it failed lately)
         self._turn = 0
 

@@ -69,6 +69,8 @@ def cluster_from_flags(args: argparse.Namespace, members: Any) -> StoreCluster:
         ca_file=args.store_ca_file or None,
         timeout=args.store_timeout,
         retries=args.store_retries,
+        grace=args.store_quorum_grace,
+        hedge=args.store_hedge_delay or None,
         tls_name=tls_name_from_flags(args),
     )
 
