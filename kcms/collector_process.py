@@ -119,9 +119,11 @@ class CollectorProcess:
             self.elector.start()
 
     async def stop(self) -> None:
+        # Scraping stops and what was scraped is sent while the Lease is still held; only then is
+        # the Lease released, so a graceful handover loses nothing and never overlaps.
+        await self._set_scraping(False)
         if self.elector is not None:
             await self.elector.stop()
-        await self._set_scraping(False)
         await self.kubelets.close()
         await self.cluster.close()
         if self._runner is not None:
