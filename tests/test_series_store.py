@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kcms.model import ObjectRef
 from kcms.selectors import parse_label_selector
+from kcms.store import wire
 from kcms.store.query import AGG_FUNCTIONS, counter_rate, percentile
 from kcms.store.series import Result, SeriesStore
 
@@ -459,11 +460,12 @@ _wire_sample = st.tuples(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_wire_sample, max_size=40))
-def test_append_wire_stores_what_append_does_one_at_a_time(samples):
+def test_append_block_stores_what_append_does_one_at_a_time(samples):
     """The store service's fast path keeps exactly the points that one-by-one appends keep, and
     refuses (counts) exactly the ones append refuses with an error."""
     fast, slow = SeriesStore(retention=1e12, stale_after=1e12), SeriesStore(retention=1e12, stale_after=1e12)
-    accepted, refused = fast.append_wire(samples)
+    block = wire.block_of(samples)
+    accepted, refused = fast.append_block(block.strings, block.labels, block.rows)
     want_accepted = want_refused = 0
     for metric, resource, namespace, name, labels, ts, value in samples:
         try:
@@ -473,3 +475,15 @@ def test_append_wire_stores_what_append_does_one_at_a_time(samples):
     assert (accepted, refused) == (want_accepted, want_refused)
     assert fast.stats() == slow.stats()
     assert sorted(fast.export()) == sorted(slow.export())
+
+
+def test_append_block_refuses_rows_that_point_outside_the_tables():
+    store = SeriesStore(retention=1e12, stale_after=1e12)
+    rows = [
+        (0, 1, 2, 3, 0, 1e9, 1.0),
+        (0, 1, 2, 9, 0, 1e9, 2.0),
+        (0, 1, 2, 3, 5, 1e9 + 1, 3.0),
+        (0, 1, 2, 3, 0, 1e9 + 2, 4.0),
+    ]
+    assert store.append_block(["m", "pods", "ns", "p"], [()], rows) == (2, 2)
+    assert [r.value for r in store.query("pods", "ns", ["p"], "m")] == [4.0]

@@ -278,7 +278,7 @@ class StoreCluster:
         bodies: dict[str, wire.Write] = {}
         groups: dict[tuple[str, ...], list[int]] = {}  # owners -> [nodes, samples]
         if self.ring.everywhere:
-            body = wire.Write([wire.node_to_wire(b) for b in nodes], wire.samples_to_wire(samples))
+            body = wire.Write([wire.node_to_wire(b) for b in nodes], block=wire.block_of_samples(samples))
             bodies = dict.fromkeys(self.ring.members, body)
             groups[self.ring.members] = [len(nodes), len(samples)]
         else:
@@ -288,12 +288,17 @@ class StoreCluster:
                 for o in owners:
                     bodies.setdefault(o, wire.Write()).nodes.append(w)
                 groups.setdefault(owners, [0, 0])[0] += 1
-            for metric, obj, labels, ts, value in samples:
-                owners = self.ring.owners((obj.resource, obj.namespace, obj.name))
-                s = (metric, obj.resource, obj.namespace, obj.name, labels, ts, value)
+            # One block for the batch; each store gets the shared tables and its own rows.
+            block = wire.block_of_samples(samples)
+            strings, owners_of = block.strings, self.ring.owners
+            per_store: dict[str, list] = {}
+            for row in block.rows:
+                owners = owners_of((strings[row[1]], strings[row[2]], strings[row[3]]))
                 for o in owners:
-                    bodies.setdefault(o, wire.Write()).samples.append(s)
+                    per_store.setdefault(o, []).append(row)
                 groups.setdefault(owners, [0, 0])[1] += 1
+            for o, rows in per_store.items():
+                bodies.setdefault(o, wire.Write()).block = wire.SampleBlock(block.strings, block.labels, rows)
         encoded: dict[int, bytes] = {}
         for body in bodies.values():  # multi-store: one body for all, encoded once
             if id(body) not in encoded:

@@ -226,7 +226,7 @@ async def run_store(args: argparse.Namespace) -> int:
         return 1
     # Writes allocate a tuple or two per sample, freed by reference counting; the default first
     # threshold (700) ran a young collection every few hundred samples. With this, the frozen heap
-    # (below) and SeriesStore.append_wire, one store went from 305k to 589k acknowledged
+    # (below) and SeriesStore's string-keyed appends, one store went from 305k to 589k acknowledged
     # samples/s in bench/scaleout.py (two writers, 2 cores), and named-query p99 from 54 to 11 ms.
     gc.set_threshold(100_000, 50, 100)
     stop = asyncio.Event()

@@ -42,7 +42,7 @@ from __future__ import annotations
 import struct
 import time
 from array import array
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import NamedTuple
 
@@ -196,16 +196,21 @@ class SeriesStore:
             self._points += accepted - dropped
         return accepted
 
-    def append_wire(
-        self, samples: Iterable[tuple[str, str, str, str, Labels, float, float]]
+    def append_block(
+        self,
+        strings: Sequence[str],
+        labelsets: Sequence[Labels],
+        rows: Iterable[tuple[int, int, int, int, int, float, float]],
     ) -> tuple[int, int]:
-        """Store ``(metric, resource, namespace, name, labels, timestamp, value)`` samples as the
-        store service receives them; return ``(accepted, refused)``.
+        """Store samples as the store service receives them, their strings and label sets given once:
+        each row is ``(metric, resource, namespace, name, labels, timestamp, value)`` with the first
+        four indexes into ``strings`` and the fifth into ``labelsets``. Return ``(accepted, refused)``.
 
-        The same as :meth:`append_many` but keyed by strings: an ``ObjectRef`` is built only for a
-        new series (building one per sample cost more than storing it: 1.65 µs against 0.46 µs a
-        sample, measured on 5 000-sample writes of distinct pods). A malformed sample is refused
-        and counted, never stored, and does not stop the others.
+        The same as :meth:`append_many`, but shared strings arrive as one object each, whose hash
+        is computed once per write, and an ``ObjectRef`` is built only for a new series (building
+        one per sample cost more than storing it: 1.65 µs against 0.46 µs a sample). A malformed
+        row (an index out of range, a bad name, NaN) is refused and counted, never stored, and does
+        not stop the others.
         """
         index = self._index
         keep = self._keep
@@ -213,12 +218,19 @@ class SeriesStore:
         pack = _pack_point
         last_ts = _unpack_ts
         accepted = refused = dropped = 0
-        for sample in samples:
+        for row in rows:
             try:
-                metric, resource, namespace, name, labels, ts, value = sample
+                m, r, ns, nm, lb, ts, value = row
                 if ts - ts or value - value:  # NaN or infinite
                     refused += 1
                     continue
+                metric, resource, namespace, name, labels = (
+                    strings[m],
+                    strings[r],
+                    strings[ns],
+                    strings[nm],
+                    labelsets[lb],
+                )
                 try:
                     points = index[metric][resource][namespace][(name, labels) if labels else name]
                 except (KeyError, TypeError):
@@ -232,7 +244,7 @@ class SeriesStore:
                         dropped += (n - keep + 16) >> 4
                 points += pack(ts, value)
                 accepted += 1
-            except (ValueError, TypeError, struct.error, OverflowError):
+            except (ValueError, TypeError, IndexError, struct.error, OverflowError):
                 refused += 1
         self._points += accepted - dropped
         return accepted, refused

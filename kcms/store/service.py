@@ -201,8 +201,10 @@ class StoreService:
             if self.resources.merge_node(wire.node_from_wire(prev), wire.node_from_wire(last)):
                 REFILLED.labels("nodes").inc()
         accepted = refused = 0
-        if body.samples:
-            accepted, refused = self._append(body.samples)
+        for block in (body.block, wire.block_of(body.samples) if body.samples else None):
+            if block is not None:
+                a, r = self._append(block)
+                accepted, refused = accepted + a, refused + r
         for metric, resource, namespace, name, labels, packed in body.series:
             try:
                 added = self.series.merge(metric, ObjectRef(resource, namespace, name), labels, packed)
@@ -213,8 +215,8 @@ class StoreService:
             REFILLED.labels("points").inc(added)
         return wire.WriteAck(len(body.nodes), accepted, refused)
 
-    def _append(self, samples: list[wire.WireSample]) -> tuple[int, int]:
-        accepted, refused = self.series.append_wire(samples)
+    def _append(self, block: wire.SampleBlock) -> tuple[int, int]:
+        accepted, refused = self.series.append_block(block.strings, block.labels, block.rows)
         SAMPLES.labels("accepted").inc(accepted)
         if refused:
             SAMPLES.labels("refused").inc(refused)

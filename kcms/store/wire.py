@@ -46,6 +46,19 @@ class WireNode(msgspec.Struct, array_like=True, frozen=True):
     pods: list[WirePod]
 
 
+class SampleBlock(msgspec.Struct, array_like=True):
+    """Samples with every distinct string and label set sent once: a row is ``(metric, resource,
+    namespace, name, labels, timestamp, value)`` where the first four index ``strings`` and the
+    fifth ``labels``. Against one tuple of strings per sample (``Write.samples``) a 10 000-sample
+    write is 30 instead of 107 bytes a sample and decodes in 0.14 instead of 0.68 µs a sample; building
+    the tables costs the writer 0.27 instead of 0.07 µs (bench/wire.py). The store then hashes each
+    shared string once per write instead of once per sample."""
+
+    strings: list[str] = []
+    labels: list[tuple[tuple[str, str], ...]] = []
+    rows: list[tuple[int, int, int, int, int, float, float]] = []
+
+
 class Write(msgspec.Struct, array_like=True):
     """A batch: resource scrapes, custom-metric samples, and packed series (exports and repairs:
     ``(metric, resource, namespace, name, labels, packed native-double (timestamp, value) pairs)``)."""
@@ -54,6 +67,7 @@ class Write(msgspec.Struct, array_like=True):
     samples: list[WireSample] = []
     series: list[tuple[str, str, str, str, tuple[tuple[str, str], ...], bytes]] = []
     history: list[tuple[WireNode, WireNode]] = []  # (previous, last) readings of a node, merged
+    block: SampleBlock | None = None  # more samples, in the compact form writers use
 
 
 class WriteAck(msgspec.Struct, array_like=True):
@@ -140,3 +154,28 @@ def node_from_wire(node: WireNode) -> NodeBatch:
 
 def samples_to_wire(samples: Iterable[tuple[str, ObjectRef, Labels, float, float]]) -> list[WireSample]:
     return [(m, o.resource, o.namespace, o.name, labels, ts, v) for m, o, labels, ts, v in samples]
+
+
+def block_of(samples: Iterable[WireSample]) -> SampleBlock:
+    """``(metric, resource, namespace, name, labels, timestamp, value)`` samples as a block."""
+    strings: dict[str, int] = {}  # insertion-ordered: its keys are the table
+    labelsets: dict[tuple[tuple[str, str], ...], int] = {}
+    s, ls = strings.setdefault, labelsets.setdefault
+    rows = [
+        (
+            s(m, len(strings)),
+            s(r, len(strings)),
+            s(ns, len(strings)),
+            s(n, len(strings)),
+            ls(lb, len(labelsets)),
+            t,
+            v,
+        )
+        for m, r, ns, n, lb, t, v in samples
+    ]
+    return SampleBlock(list(strings), list(labelsets), rows)
+
+
+def block_of_samples(samples: Iterable[tuple[str, ObjectRef, Labels, float, float]]) -> SampleBlock:
+    r"""Samples about :class:`~kcms.model.ObjectRef`\ s as a block."""
+    return block_of((m, o.resource, o.namespace, o.name, labels, ts, v) for m, o, labels, ts, v in samples)
