@@ -35,7 +35,7 @@ from kcms.model import NodeBatch, ObjectRef, ResourcePoint
 from kcms.sim import SimulatedCluster
 from kcms.store.resource import ResourceStore
 from kcms.store.series import SeriesStore
-from kcms.store.wire import CONTENT_TYPE, Write, WriteAck, decode, encode, node_to_wire
+from kcms.store.wire import CONTENT_TYPE, Write, WriteAck, block_of, decode, encode, node_to_wire
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_TOKEN, READER_TOKEN = "agent-token", "reader-token"
@@ -451,6 +451,15 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
     assert r.value == 5.0
     [r] = server.series.query("", "jobs", None, "jobs_waiting", now=now)
     assert r.value == 7.0
+
+    # the same in the compact block form (what store writers send): stored too, a row whose index
+    # points outside the tables refused alone
+    block = block_of([("queue_depth", "pods", "shop", "web-3", (), now - 1, 8.0)])
+    block.rows.append((0, 1, 2, 99, 0, now - 1, 9.0))
+    code, data, _ = await post(server, ca_file, encode(Write(block=block)))
+    assert code == 200 and decode(data, WriteAck) == WriteAck(nodes=0, samples=1, refused=1)
+    [r] = server.series.query("pods", "shop", ["web-3"], "queue_depth", now=now)
+    assert r.value == 8.0
 
     # a standby answers 503 and stores nothing
     server.active = False

@@ -341,7 +341,19 @@ class NodePushAPI:
         objects: dict[tuple[str, str, str], ObjectRef | None] = {}
         labels_ok: dict[Any, Labels | None] = {(): ()}
         isfinite = math.isfinite
-        for metric, resource, namespace, name, labels, ts, value in write.samples:
+        samples = list(write.samples)
+        bad_rows = 0
+        if write.block is not None:  # the compact form store writers use; accepted here too
+            strings, labelsets = write.block.strings, write.block.labels
+            for row in write.block.rows:
+                try:
+                    m, r, ns, n, lb, ts, value = row
+                    samples.append(
+                        (strings[m], strings[r], strings[ns], strings[n], labelsets[lb], ts, value)
+                    )
+                except IndexError:
+                    bad_rows += 1
+        for metric, resource, namespace, name, labels, ts, value in samples:
             ok = metrics_ok.get(metric)
             if ok is None:
                 ok = metrics_ok[metric] = _METRIC_RE.fullmatch(metric) is not None
@@ -365,7 +377,7 @@ class NodePushAPI:
                     accepted += self.series.append(*sample)
                 except ValueError:
                     refused += 1
-        return accepted, refused, len(write.samples) - accepted - refused
+        return accepted, refused + bad_rows, len(samples) - accepted - refused
 
     async def _read_limited(self, request: web.Request) -> bytes:
         try:
