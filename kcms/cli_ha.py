@@ -253,5 +253,24 @@ def validate_store(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
         p.error("arguments --tls-cert-file and --tls-private-key-file must be given together")
     if args.refill_timeout <= 0:
         p.error("argument --refill-timeout: must be positive")
-    args.store_token_file = ""
     validate_store_client(p, args, required=False)
+
+
+def leader_elector_factory(args: argparse.Namespace, kube: object):
+    """``make(on_started, on_stopped) -> LeaderElector`` from the ``--leader-elect-*`` flags."""
+    from kcms.kube.lease import LeaderElector, default_identity
+
+    def make(started, stopped) -> LeaderElector:
+        return LeaderElector(
+            kube,  # type: ignore[arg-type]
+            args.leader_elect_resource_namespace,
+            args.leader_elect_resource_name,
+            args.leader_elect_identity or default_identity(),
+            lease_duration=args.leader_elect_lease_duration,
+            renew_deadline=args.leader_elect_renew_deadline,
+            retry_period=args.leader_elect_retry_period,
+            on_started_leading=started,
+            on_stopped_leading=stopped,
+        )
+
+    return make

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kcms.cli_ha import leader_elector_factory
 from kcms.collector.agents import AgentCollector
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
@@ -179,25 +180,6 @@ class CollectorProcess:
         self.health_port = self._runner.addresses[0][1]
 
 
-def elector_factory(args: argparse.Namespace, kube: Any):
-    from kcms.kube.lease import LeaderElector, default_identity
-
-    def make(started, stopped) -> LeaderElector:
-        return LeaderElector(
-            kube,
-            args.leader_elect_resource_namespace,
-            args.leader_elect_resource_name,
-            args.leader_elect_identity or default_identity(),
-            lease_duration=args.leader_elect_lease_duration,
-            renew_deadline=args.leader_elect_renew_deadline,
-            retry_period=args.leader_elect_retry_period,
-            on_started_leading=started,
-            on_stopped_leading=stopped,
-        )
-
-    return make
-
-
 async def run_collector(args: argparse.Namespace) -> int:
     from kcms.kube.client import KubeClient, KubeConfigError
     from kcms.kube.inventory import KubeInventory, StaticInventory
@@ -223,7 +205,7 @@ async def run_collector(args: argparse.Namespace) -> int:
         KubeletClient(kubelet_config(args, kube)),
         cluster,
         kube,
-        elector_factory(args, kube) if args.leader_elect else None,
+        leader_elector_factory(args, kube) if args.leader_elect else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

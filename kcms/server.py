@@ -66,9 +66,9 @@ class ServerProcess:
             metrics_store: Any = self.resources
             writer: Any = self.series
             if args.leader_elect:
-                from kcms.collector_process import elector_factory
+                from kcms.cli_ha import leader_elector_factory
 
-                self.elector = elector_factory(args, access.kube)(self._started, self._stopped)
+                self.elector = leader_elector_factory(args, access.kube)(self._started, self._stopped)
             active = self.elector.is_leader if self.elector is not None else (lambda: True)
             self.node_push = NodePushAPI(
                 self.resources,

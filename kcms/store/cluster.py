@@ -439,38 +439,34 @@ class StoreCluster:
             series_name = parse_metric_name(metric, 1e9).series
         except ValueError:
             return
-        todo: dict[tuple[str, str], set[Key]] = {}  # (behind, source) -> keys
-        asked = len(answers)
-        settled = time.time() - self.timeout  # newer points may still be on their way to a replica
-        for k, (row, source) in best.items():
-            newest = row[3]
-            stamps = seen[k]
-            if newest > settled or (len(stamps) == asked and min(stamps.values()) == newest):
-                continue
-            key = (resource, namespace, k[0])
-            for store in answers:
-                if store == source or not self.ring.owns(store, key):
-                    continue
-                if seen[k].get(store, -1.0) < newest and (store, key) not in self._repairing:
-                    todo.setdefault((store, source), set()).add(key)
-        self._start_repairs(todo, [series_name], series=True)
+        found = (((resource, namespace, k[0]), source, seen[k]) for k, (_, source) in best.items())
+        self._start_repairs(self._behind(found, list(answers)), [series_name], series=True)
 
     def _schedule_node_repair(self, sources: dict[str, str], asked: Iterable[str], seen) -> None:
+        found = ((node_key(node), source, seen[node]) for node, source in sources.items())
+        self._start_repairs(self._behind(found, list(asked)), None, series=False)
+
+    def _behind(
+        self, found: Iterable[tuple[Key, str, dict[str, float]]], asked: list[str]
+    ) -> dict[tuple[str, str], set[Key]]:
+        """``(behind, source) -> keys`` for owners asked whose newest timestamp of a key (``stamps``:
+        store -> timestamp) is older than the source's. Keys every store agrees on, and points newer
+        than the timeout (their write may still be on its way), need nothing."""
         todo: dict[tuple[str, str], set[Key]] = {}
-        asked = list(asked)
         settled = time.time() - self.timeout
-        for node, source in sources.items():
-            key = node_key(node)
-            stamps = seen[node]
+        for key, source, stamps in found:
             newest = stamps[source]
             if newest > settled or (len(stamps) == len(asked) and min(stamps.values()) == newest):
                 continue
             for store in asked:
-                if store == source or not self.ring.owns(store, key):
-                    continue
-                if seen[node].get(store, -1.0) < newest and (store, key) not in self._repairing:
+                if (
+                    store != source
+                    and stamps.get(store, -1.0) < newest
+                    and self.ring.owns(store, key)
+                    and (store, key) not in self._repairing
+                ):
                     todo.setdefault((store, source), set()).add(key)
-        self._start_repairs(todo, None, series=False)
+        return todo
 
     def _start_repairs(
         self, todo: dict[tuple[str, str], set[Key]], metrics: list[str] | None, series: bool
