@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kcms import __version__
+from kcms import __version__, limits
 from kcms.flags import csv_list, parse_duration, port, positive_int
 
 ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
@@ -285,6 +285,25 @@ def add_logging_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ingest_flags(p: argparse.ArgumentParser) -> None:
+    """Bounds every ingestion path of a component shares (see :mod:`kcms.limits`)."""
+    p.add_argument(
+        "--max-future-skew",
+        type=parse_duration,
+        default=limits.DEFAULT_MAX_FUTURE_SKEW,
+        metavar="DURATION",
+        help="refuse (and count) any sample timestamped more than this ahead of this process's "
+        "clock, on every ingestion path (default 60s)",
+    )
+
+
+def apply_ingest_flags(args: argparse.Namespace) -> None:
+    """Make the parsed ``--max-future-skew`` the process-wide bound."""
+    skew = getattr(args, "max_future_skew", None)
+    if skew is not None:
+        limits.configure(max_future_skew=skew)
+
+
 def validate_kubelet_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.metric_resolution < 10:
         p.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
@@ -348,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_collector_flags(p)
     add_serving_flags(p)
     add_auth_flags(p)
+    add_ingest_flags(p)
     add_logging_flags(p)
 
     from kcms import cli_ha
@@ -359,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli_ha.add_store_flags(p)
     add_series_flags(p)
+    add_ingest_flags(p)
     add_logging_flags(p)
 
     p = sub.add_parser(
@@ -373,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ha.add_store_client_flags(p)
     cli_ha.add_leader_flags(p, "kcms-collector", default_on=True)
     cli_ha.add_collector_health_flags(p)
+    add_ingest_flags(p)
     add_logging_flags(p)
 
     p = sub.add_parser(
@@ -388,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ha.add_leader_flags(p, "kcms-server", default_on=True)
     add_serving_flags(p)
     add_auth_flags(p)
+    add_ingest_flags(p)
     add_logging_flags(p)
 
     from kcms.agent.cli import add_agent_arguments
@@ -399,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/metrics for the collector (kcms standalone --agent-selector).",
     )
     add_agent_arguments(p)
+    add_ingest_flags(p)
 
     from kcms.sim import add_simulate_arguments
 
@@ -453,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
     setup_logging(args.v)
+    apply_ingest_flags(args)
     if args.command == "standalone":
         validate_kubelet_flags(sub, args)
         validate_serving_flags(sub, args)
