@@ -1,4 +1,9 @@
-"""The agent's OTLP/HTTP metrics receiver, over real HTTP on loopback, with real OTLP messages."""
+"""The agent's OTLP/HTTP metrics receiver, over real HTTP on loopback, with real OTLP messages.
+
+These tests are about decoding and mapping: their receivers trust the resource attributes of an
+unbound sender (``allow_unbound=True``, the ``--otlp-allow-unbound`` behaviour). Binding senders to
+pods is tested in tests/test_security_otlp.py.
+"""
 
 from __future__ import annotations
 
@@ -139,7 +144,7 @@ class Client:
 async def client(request) -> AsyncIterator[Client]:
     """A receiver (64 KiB limit) on loopback; aiohttp's server inflates gzip bodies or leaves them be."""
     sink = ListSink()
-    routes = otlp_routes(sink, max_body_bytes=64 * 1024, clock=lambda: NOW)
+    routes = otlp_routes(sink, max_body_bytes=64 * 1024, clock=lambda: NOW, allow_unbound=True)
     runner, url = await serve(routes, auto_decompress=request.param)
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         yield Client(session, url, sink)
@@ -486,7 +491,9 @@ async def test_into_agent_app():
     """Through the agent's own app into its real buffer, read back from its /metrics: types are
     declared, and points the buffer refuses (out of order) are reported as refused."""
     buffer = SampleBuffer()
-    runner = web.AppRunner(make_app(buffer, extra_routes=otlp_routes(buffer, clock=lambda: NOW)))
+    runner = web.AppRunner(
+        make_app(buffer, extra_routes=otlp_routes(buffer, clock=lambda: NOW, allow_unbound=True))
+    )
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{runner.addresses[0][1]}"
@@ -514,7 +521,10 @@ async def test_into_agent_app():
 async def test_large_json_export():
     """A JSON export bigger than what is decoded inline (decoded in a worker thread) arrives whole."""
     sink = ListSink()
-    runner, url = await serve(otlp_routes(sink, clock=lambda: NOW))
+    # 3000 series from one sender: over the default per-sender budget of 1000
+    runner, url = await serve(
+        otlp_routes(sink, clock=lambda: NOW, allow_unbound=True, max_series_per_sender=5000)
+    )
     try:
         req = request(resource(POD_RES, gauge("g", *[num(float(i), {"i": str(i)}) for i in range(3000)])))
         body = otlp_json(req)
@@ -536,7 +546,7 @@ async def test_opentelemetry_sdk_exporter():
     from opentelemetry.sdk.resources import Resource as SdkResource
 
     sink = ListSink()
-    runner, url = await serve(otlp_routes(sink))
+    runner, url = await serve(otlp_routes(sink, allow_unbound=True))
     exporter = http_exporter.OTLPMetricExporter(endpoint=url, compression=Compression.Gzip, timeout=10)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
     provider = sdk_metrics.MeterProvider(
@@ -573,7 +583,7 @@ async def test_opentelemetry_sdk_exporter_with_delta_temporality():
     from opentelemetry.sdk.resources import Resource as SdkResource
 
     sink = ListSink()
-    runner, url = await serve(otlp_routes(sink))
+    runner, url = await serve(otlp_routes(sink, allow_unbound=True))
     delta = {
         sdk_metrics.Counter: AggregationTemporality.DELTA,
         sdk_metrics.Histogram: AggregationTemporality.DELTA,

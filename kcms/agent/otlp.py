@@ -34,32 +34,50 @@ Mapping to samples (each becomes ``(metric, ObjectRef, Labels, seconds, value)``
   their values with ``;`` (in order of the original keys). Values: strings as they are, booleans
   ``true``/``false``, integers in decimal, doubles as Python ``repr``, bytes base64, arrays and
   maps as compact JSON. Resource attributes are not labels.
-- Object: from the resource attributes: ``k8s.pod.name`` + ``k8s.namespace.name`` ->
-  ``ObjectRef("pods", ns, pod)``; else ``k8s.deployment.name`` + ``k8s.namespace.name`` ->
-  ``ObjectRef("deployments.apps", ns, name)``; else ``k8s.node.name`` -> ``ObjectRef("nodes", "",
-  node)``; else ``k8s.namespace.name`` -> ``ObjectRef("", ns, "")`` (an external metric); else the
-  points are refused (``unbound``). Names that are not valid Kubernetes names: ``invalid_object``.
-- Time: ``time_unix_nano`` (``0``: the time the request arrived).
+- Object: bound to the sender (:mod:`kcms.agent.otlp_bind`). The connection's source IP must be
+  exactly one pod of this node (the agent's pod informer, :class:`kcms.agent.pods.PodsByIP`); the
+  ``k8s.*`` resource attributes are claims checked against that pod and its owner chain: a resource
+  claiming another pod, namespace, workload or node has its points refused (``foreign_pod``,
+  ``foreign_namespace``, ``foreign_workload``, ``foreign_node``). A resource without ``k8s.*``
+  attributes is about the sending pod; ``k8s.deployment.name`` alone about its Deployment;
+  ``k8s.namespace.name`` alone about its namespace (an external metric). Senders that are not one
+  pod (``unbound_sender``, ``host_network_sender``, ``ambiguous_sender``) are refused unless
+  ``allow_unbound`` (``--otlp-allow-unbound``); then the attributes are trusted:
+  ``k8s.pod.name`` + ``k8s.namespace.name`` -> ``ObjectRef("pods", ns, pod)``; else
+  ``k8s.deployment.name`` + ``k8s.namespace.name`` -> ``ObjectRef("deployments.apps", ns, name)``;
+  else ``k8s.node.name`` -> ``ObjectRef("nodes", "", node)``; else ``k8s.namespace.name`` ->
+  ``ObjectRef("", ns, "")``; else the points are refused (``unbound``). Names that are not valid
+  Kubernetes names: ``invalid_object``. Until the pod list is in, requests are answered ``503``
+  with ``Retry-After`` (an OTLP exporter retries them).
+- Time: ``time_unix_nano`` (``0``: the time the request arrived). A point more than
+  ``--max-future-skew`` ahead of the agent's clock is refused (``future_timestamp``).
+- Bounds (:mod:`kcms.limits`): a mapped metric name (suffixes included) over 253 characters is
+  ``metric_name_too_long``; a series with more than 32 labels, a label name over 128 or a value over
+  1024 characters is ``too_many_labels`` / ``label_name_too_long`` / ``label_value_too_long``; a
+  sender (a pod, or an address when unbound) keeps at most ``max_series_per_sender`` live series
+  (``sender_limit``; the agent passes ``--max-series-per-pod``), whatever objects they are about.
 
 A data point is refused as a whole (counted once, whatever number of samples it makes) with one of
-``REASONS``: those above (``unbound``, ``invalid_object``, ``delta_out_of_order``, ``delta_limit``,
-``unspecified_temporality``, ``unsupported_type``), ``invalid_metric_name`` (an empty name),
+``REASONS``: those above (the binding reasons, ``unbound``, ``invalid_object``, the bounds,
+``delta_out_of_order``, ``delta_limit``, ``unspecified_temporality``, ``unsupported_type``),
+``invalid_metric_name`` (an empty name),
 ``no_value`` (no value, or the no-recorded-value flag),
 ``non_finite_value`` (NaN or infinity anywhere in it), ``invalid_histogram`` (counts that do not
 match the bounds or the total) or ``buffer_refused`` (the sink refused a sample of it, e.g. out of
 order; the sink counts its own reason). Counters: ``kcms_agent_otlp_points_total{result}``
-(``accepted``, ``rejected``) and ``kcms_agent_otlp_rejected_total{reason}``.
+(``accepted``, ``rejected``) and ``kcms_agent_otlp_rejected_total{reason}``. Refusals are logged
+(sender address and pod, counts by reason, request-derived text escaped) at most once per reason
+every ``LOG_EVERY`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import math
-import re
+import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -70,28 +88,62 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.metrics.v1 import metrics_pb2
 from prometheus_client import Counter
 
+from kcms import limits
 from kcms.agent.delta import DeltaTotals
+from kcms.agent.otlp_bind import (
+    BIND_REASONS,
+    Binder,
+    SenderSeries,
+    bind_resource,
+    binder_for,
+    sender_key,
+)
+from kcms.agent.otlp_convert import (
+    Guard,
+    Sample,
+    attribute_labels,
+    attribute_string,
+    convert_request,
+    label_name,
+    metric_name,
+)
+from kcms.agent.pods import PodsByIP, Sender, normal_ip
 from kcms.httpbody import BodyTooLarge, read_body
-from kcms.model import Labels, ObjectRef
+
+__all__ = [
+    "DEFAULT_MAX_BODY",
+    "OTLP_METRICS_PATH",
+    "REASONS",
+    "attribute_labels",
+    "attribute_string",
+    "bind_resource",
+    "convert_request",
+    "label_name",
+    "metric_name",
+    "otlp_routes",
+]
+
+log = logging.getLogger(__name__)
 
 OTLP_METRICS_PATH = "/v1/metrics"
 DEFAULT_MAX_BODY = 4 << 20
 
-Sample = tuple[str, ObjectRef, Labels, float, float]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# One data point's outcome: its samples (None if refused), the (metric, kind) types its metric
-# declares, the refusal reason ("" if converted) and a human-readable detail.
-PointResult = tuple[list[Sample] | None, tuple[tuple[str, str], ...], str, str]
 
 # Refusal reasons, stable (Prometheus label values; see the module docstring).
-REASONS = tuple(
-    "unbound invalid_object invalid_metric_name no_value non_finite_value delta_out_of_order delta_limit "
-    "unspecified_temporality invalid_histogram unsupported_type buffer_refused".split()
+REASONS = (
+    *BIND_REASONS,
+    *"unbound invalid_object invalid_metric_name no_value non_finite_value delta_out_of_order delta_limit "
+    "unspecified_temporality invalid_histogram unsupported_type buffer_refused".split(),
+    limits.FUTURE_TIMESTAMP,
+    limits.METRIC_NAME_TOO_LONG,
+    limits.TOO_MANY_LABELS,
+    limits.LABEL_NAME_TOO_LONG,
+    limits.LABEL_VALUE_TOO_LONG,
 )
+LOG_EVERY = 30.0
 POINTS = Counter("kcms_agent_otlp_points", "OTLP data points received, by result.", ["result"])
 REJECTED = Counter("kcms_agent_otlp_rejected", "OTLP data points refused, by reason.", ["reason"])
 for _result in ("accepted", "rejected"):
@@ -103,13 +155,6 @@ _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
 _JSON_INLINE = 64 << 10  # larger JSON bodies are decoded in a worker thread
 _YIELD_EVERY = 2000  # data points ingested between two yields to the event loop
-_NO_RECORDED_VALUE = metrics_pb2.DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
-_CUMULATIVE = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-_DELTA = metrics_pb2.AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]", re.ASCII)
-_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]", re.ASCII)
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 _ID_KEYS = frozenset({"traceId", "spanId", "trace_id", "span_id"})
 
 
@@ -117,242 +162,6 @@ class SampleSink(Protocol):
     """Where converted samples go (``kcms.agent.buffer.SampleBuffer``); ``declare`` is optional."""
 
     def add_many(self, samples: Iterable[Sample]) -> int: ...
-
-
-# ---- names, labels, objects ----------------------------------------------------------------------
-
-
-def metric_name(name: str) -> str | None:
-    """The Prometheus name of an OTel metric name (dots etc. -> ``_``), or None if nothing is left."""
-    if not name:
-        return None
-    out = _NAME_BAD.sub("_", name)
-    return "_" + out if out[0].isdigit() else out
-
-
-def label_name(key: str) -> str | None:
-    """The label name of an attribute key, or None for keys that are dropped (empty, ``kcms_``, ``__``)."""
-    if not key:
-        return None
-    out = _LABEL_BAD.sub("_", key)
-    if out[0].isdigit():
-        out = "_" + out
-    if out.startswith(("kcms_", "__")):
-        return None
-    return out
-
-
-def _plain(value: AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_plain(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _plain(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode("ascii")
-    v = None if kind is None else getattr(value, kind)
-    return repr(v) if kind == "double_value" and not math.isfinite(v) else v  # JSON has no NaN
-
-
-def attribute_string(value: AnyValue) -> str:
-    """The label value of an attribute value (see the module docstring)."""
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return "true" if value.bool_value else "false"
-    if kind in ("int_value", "double_value"):
-        return repr(getattr(value, kind))
-    if kind is None:
-        return ""
-    plain = _plain(value)
-    return plain if isinstance(plain, str) else orjson.dumps(plain).decode()
-
-
-def attribute_labels(attributes: Iterable[KeyValue], drop: str = "") -> dict[str, str]:
-    """Labels of data point attributes: key -> value, colliding keys' values joined with ``;``."""
-    raw: list[tuple[str, str, str]] = []
-    for kv in attributes:
-        name = label_name(kv.key)
-        if name is not None and name != drop:
-            raw.append((name, kv.key, attribute_string(kv.value)))
-    labels: dict[str, str] = {}
-    if len({name for name, _, _ in raw}) != len(raw):
-        raw.sort(key=lambda t: t[1])
-        for name, _, value in raw:
-            labels[name] = f"{labels[name]};{value}" if name in labels else value
-        return labels
-    for name, _, value in raw:
-        labels[name] = value
-    return labels
-
-
-def bind_resource(attributes: dict[str, str]) -> tuple[ObjectRef | None, str, str]:
-    """The object a resource's points are about: ``(ref, "", "")``, or ``(None, reason, detail)``."""
-    ns = attributes.get("k8s.namespace.name", "")
-    pod = attributes.get("k8s.pod.name", "")
-    deployment = attributes.get("k8s.deployment.name", "")
-    node = attributes.get("k8s.node.name", "")
-    if pod and ns:
-        ref = ObjectRef("pods", ns, pod)
-    elif deployment and ns:
-        ref = ObjectRef("deployments.apps", ns, deployment)
-    elif node:
-        ref = ObjectRef("nodes", "", node)
-    elif ns:
-        ref = ObjectRef("", ns, "")
-    else:
-        return (
-            None,
-            "unbound",
-            "the resource has none of k8s.pod.name with k8s.namespace.name, k8s.deployment.name with "
-            "k8s.namespace.name, k8s.node.name or k8s.namespace.name",
-        )
-    if ref.namespace and (len(ref.namespace) > 63 or not _DNS_LABEL.fullmatch(ref.namespace)):
-        return None, "invalid_object", f"namespace {ref.namespace[:80]!r} is not a valid namespace name"
-    if ref.name and (len(ref.name) > 253 or not _DNS_SUBDOMAIN.fullmatch(ref.name)):
-        return None, "invalid_object", f"{ref.resource} name {ref.name[:80]!r} is not a valid object name"
-    return ref, "", ""
-
-
-# ---- data points -> samples ----------------------------------------------------------------------
-
-
-def _labels(d: dict[str, str], extra: tuple[str, str] | None = None) -> Labels:
-    if extra is not None:
-        d = {**d, extra[0]: extra[1]}
-    return tuple(sorted(d.items()))
-
-
-def _ts(point: Any, now: float) -> float:
-    return point.time_unix_nano / 1e9 if point.time_unix_nano else now
-
-
-def _number_point(name: str, obj: ObjectRef, point: Any, now: float) -> tuple[list[Sample] | None, str, str]:
-    kind = point.WhichOneof("value")
-    if kind is None:
-        return None, "no_value", f"{name}: the point has neither as_double nor as_int"
-    value = float(point.as_double if kind == "as_double" else point.as_int)
-    if not math.isfinite(value):
-        return None, "non_finite_value", f"{name}: value {value} is not finite"
-    return [(name, obj, _labels(attribute_labels(point.attributes)), _ts(point, now), value)], "", ""
-
-
-def _histogram_point(
-    name: str, obj: ObjectRef, point: Any, now: float
-) -> tuple[list[Sample] | None, str, str]:
-    bounds = list(point.explicit_bounds)
-    counts = list(point.bucket_counts)
-    if counts and len(counts) != len(bounds) + 1:
-        return None, "invalid_histogram", f"{name}: {len(counts)} bucket counts for {len(bounds)} bounds"
-    if counts and sum(counts) != point.count:
-        return None, "invalid_histogram", f"{name}: the bucket counts do not add up to the count"
-    if any(b >= c for b, c in zip(bounds, bounds[1:], strict=False)) or any(math.isnan(b) for b in bounds):
-        return None, "invalid_histogram", f"{name}: explicit bounds are not strictly increasing"
-    has_sum = point.HasField("sum")
-    if has_sum and not math.isfinite(point.sum):
-        return None, "non_finite_value", f"{name}: sum {point.sum} is not finite"
-    attrs = attribute_labels(point.attributes, drop="le")
-    ts = _ts(point, now)
-    samples: list[Sample] = []
-    running = 0
-    for bound, count in zip(bounds, counts, strict=False):
-        running += count
-        samples.append(
-            (name + "_bucket", obj, _labels(attrs, ("le", repr(float(bound)))), ts, float(running))
-        )
-    samples.append((name + "_bucket", obj, _labels(attrs, ("le", "+Inf")), ts, float(point.count)))
-    plain = _labels(attrs)
-    if has_sum:
-        samples.append((name + "_sum", obj, plain, ts, point.sum))
-    samples.append((name + "_count", obj, plain, ts, float(point.count)))
-    return samples, "", ""
-
-
-def _summary_point(name: str, obj: ObjectRef, point: Any, now: float) -> tuple[list[Sample] | None, str, str]:
-    values = (
-        [point.sum] + [q.value for q in point.quantile_values] + [q.quantile for q in point.quantile_values]
-    )
-    if not all(math.isfinite(v) for v in values):
-        return None, "non_finite_value", f"{name}: a quantile or the sum is not finite"
-    attrs = attribute_labels(point.attributes, drop="quantile")
-    ts = _ts(point, now)
-    samples: list[Sample] = [
-        (name, obj, _labels(attrs, ("quantile", repr(q.quantile))), ts, q.value)
-        for q in point.quantile_values
-    ]
-    plain = _labels(attrs)
-    samples.append((name + "_sum", obj, plain, ts, point.sum))
-    samples.append((name + "_count", obj, plain, ts, float(point.count)))
-    return samples, "", ""
-
-
-def _refuse_all(points: Any, kinds: tuple, reason: str, detail: str) -> Iterator[PointResult]:
-    for _ in points:
-        yield None, kinds, reason, detail
-
-
-def _metric_points(
-    metric: Any, obj: ObjectRef | None, why: str, detail: str, now: float, totals: DeltaTotals
-) -> Iterator[PointResult]:
-    kind = metric.WhichOneof("data")
-    if kind is None:
-        return
-    data = getattr(metric, kind)
-    points = data.data_points
-    if obj is None:
-        yield from _refuse_all(points, (), why, detail)
-        return
-    name = metric_name(metric.name)
-    if name is None:
-        yield from _refuse_all(points, (), "invalid_metric_name", "a metric has an empty name")
-        return
-    delta = False
-    if kind in ("sum", "histogram") and data.aggregation_temporality != _CUMULATIVE:
-        if data.aggregation_temporality != _DELTA:
-            text = f"{name}: the aggregation temporality is unspecified"
-            yield from _refuse_all(points, (), "unspecified_temporality", text)
-            return
-        delta = True
-    if kind == "gauge" or (kind == "sum" and not data.is_monotonic):
-        kinds: tuple[tuple[str, str], ...] = ((name, "gauge"),)
-        convert = _number_point
-    elif kind == "sum":
-        if not name.endswith("_total"):
-            name += "_total"
-        kinds, convert = ((name, "counter"),), _number_point
-    elif kind == "histogram":
-        kinds = ((name + "_bucket", "counter"), (name + "_sum", "counter"), (name + "_count", "counter"))
-        convert = _histogram_point
-    elif kind == "summary":
-        kinds = ((name, "gauge"), (name + "_sum", "counter"), (name + "_count", "counter"))
-        convert = _summary_point
-    else:
-        yield from _refuse_all(points, (), "unsupported_type", f"{name}: {kind} is not supported")
-        return
-    for point in points:
-        if point.flags & _NO_RECORDED_VALUE:
-            yield None, kinds, "no_value", f"{name}: the point carries the no-recorded-value flag"
-            continue
-        samples, reason, text = convert(name, obj, point, now)
-        if delta and samples is not None:
-            samples, reason = totals.accumulate(samples)
-            text = f"{name}: a delta point not newer than the previous one, or beyond the totals' limit"
-        yield samples, kinds, reason, text
-
-
-def convert_request(
-    request: ExportMetricsServiceRequest, now: float, totals: DeltaTotals | None = None
-) -> Iterator[PointResult]:
-    """Every data point of ``request`` converted (or refused), in order; ``now`` stands for time 0;
-    ``totals`` carries delta streams' running totals from one request to the next."""
-    totals = DeltaTotals() if totals is None else totals
-    for rm in request.resource_metrics:
-        attrs = {kv.key: attribute_string(kv.value) for kv in rm.resource.attributes}
-        obj, why, detail = bind_resource(attrs)
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                yield from _metric_points(metric, obj, why, detail, now, totals)
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------
@@ -374,8 +183,9 @@ def _varint(n: int) -> bytes:
 
 
 def _status_response(status: int, message: str, content_type: str) -> web.Response:
-    """A ``google.rpc.Status`` body (code: INVALID_ARGUMENT, RESOURCE_EXHAUSTED for 413)."""
-    code = 8 if status == 413 else 3
+    """A ``google.rpc.Status`` body (code: INVALID_ARGUMENT; RESOURCE_EXHAUSTED for 413, UNAVAILABLE
+    for 503)."""
+    code = {413: 8, 503: 14}.get(status, 3)
     if content_type == _PROTOBUF:
         text = message.encode()
         body = b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
@@ -456,22 +266,60 @@ def _encode_response(rejected: int, message: str, content_type: str) -> bytes:
 
 
 class _Receiver:
-    def __init__(self, sink: SampleSink, max_body_bytes: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        sink: SampleSink,
+        max_body_bytes: int,
+        clock: Callable[[], float],
+        pods: PodsByIP | None,
+        node_name: str,
+        allow_unbound: bool,
+        budget: SenderSeries,
+    ) -> None:
         self.sink = sink
         self.limit = max_body_bytes
         self.clock = clock
+        self.pods = pods
+        self.node_name = node_name
+        self.allow_unbound = allow_unbound
+        self.budget = budget
         self.declare: Callable[[str, str], None] | None = getattr(sink, "declare", None)
         self.totals = DeltaTotals()
+        self._last_log: dict[str, float] = {}
+
+    def sender(self, request: web.Request) -> Sender | None:
+        """Who sent ``request``, from the connection's peer address (never from a header); None
+        while the pod list is not in yet."""
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        ip = normal_ip(peer[0]) if isinstance(peer, tuple) and peer and isinstance(peer[0], str) else ""
+        if self.pods is None:
+            return Sender(ip, None, "unbound_sender", "the agent has no pod list to bind senders to")
+        if not self.pods.synced():
+            return None
+        if not ip:
+            return Sender(ip, None, "unbound_sender", "the connection has no IP peer address")
+        return self.pods.sender(ip)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         content_type = request.content_type
         if content_type not in (_PROTOBUF, _JSON):
             return _status_response(
-                415, f"unsupported content type {content_type!r}; use {_PROTOBUF} or {_JSON}", _JSON
+                415,
+                f"unsupported content type {limits.printable(content_type, 80)}; use {_PROTOBUF} or {_JSON}",
+                _JSON,
             )
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", "x-gzip"):
-            return _status_response(415, f"unsupported content encoding {encoding!r}; use gzip", content_type)
+            return _status_response(
+                415, f"unsupported content encoding {limits.printable(encoding, 80)}; use gzip", content_type
+            )
+        sender = self.sender(request)
+        if sender is None:  # retryable: the exporter sends it again once the agent knows its pods
+            response = _status_response(503, "the agent has not listed this node's pods yet", content_type)
+            response.headers["Retry-After"] = "1"
+            if not request.content.is_eof():
+                response.force_close()
+            return response
         try:
             body = await _read_body(request, self.limit)
             # aiohttp's server inflates gzip bodies itself by default; a body still starting with the
@@ -488,15 +336,31 @@ class _Receiver:
             if not request.content.is_eof():  # the rest of the body is not read: no keep-alive
                 response.force_close()
             return response
-        rejected, text = await self.ingest(message, self.clock())
+        rejected, text = await self.ingest(message, self.clock(), sender)
         return web.Response(body=_encode_response(rejected, text, content_type), content_type=content_type)
 
-    async def ingest(self, message: ExportMetricsServiceRequest, now: float) -> tuple[int, str]:
+    async def ingest(
+        self, message: ExportMetricsServiceRequest, now: float, sender: Sender | None = None
+    ) -> tuple[int, str]:
+        """Convert and keep ``message``'s points as sent by ``sender`` (None: trusted attributes, no
+        budget); ``(rejected, partial_success message)``."""
         accepted = 0
         by_reason: dict[str, int] = {}
         details: dict[str, str] = {}
         declared: tuple = ()
-        for i, (samples, kinds, reason, detail) in enumerate(convert_request(message, now, self.totals), 1):
+        bind: Binder = bind_resource
+        guard: Guard | None = None
+        if sender is not None:
+            bind = binder_for(sender, self.node_name, self.allow_unbound)
+            key, budget = sender_key(sender), self.budget
+
+            def guard(samples: list[Sample]) -> tuple[str, str] | None:
+                if budget.admit(key, samples):
+                    return None
+                return "sender_limit", f"the sender already has {budget.max_series} live series"
+
+        points = convert_request(message, now, self.totals, bind, guard)
+        for i, (samples, kinds, reason, detail) in enumerate(points, 1):
             if i % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # let other requests run during a large export
             if samples is not None:
@@ -516,8 +380,26 @@ class _Receiver:
         for reason, n in by_reason.items():
             REJECTED.labels(reason).inc(n)
         text = "; ".join(f"{n} {reason} (e.g. {details[reason]})" for reason, n in sorted(by_reason.items()))
+        if rejected:
+            self._log(sender, rejected, accepted, text, by_reason)
         return rejected, (
             f"{rejected} of {accepted + rejected} data points rejected: {text}" if rejected else ""
+        )
+
+    def _log(self, sender: Sender | None, rejected: int, accepted: int, text: str, reasons: dict) -> None:
+        """One line for a request with refusals, unless each of its reasons was logged lately (a
+        hostile client must not flood the log); the details are already escaped."""
+        mono = time.monotonic()
+        fresh = [r for r in reasons if mono - self._last_log.get(r, -LOG_EVERY) >= LOG_EVERY]
+        if not fresh:
+            return
+        for reason in fresh:
+            self._last_log[reason] = mono
+        who = "?" if sender is None else sender.ip or "?"
+        if sender is not None and sender.pod is not None:
+            who += f" (pod {sender.pod.namespace}/{sender.pod.name})"
+        log.warning(
+            "OTLP from %s: refused %d of %d data points: %s", who, rejected, accepted + rejected, text[:2000]
         )
 
 
@@ -526,8 +408,19 @@ def otlp_routes(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     clock: Callable[[], float] = time.time,
+    pods: PodsByIP | None = None,
+    node_name: str = "",
+    allow_unbound: bool = False,
+    max_series_per_sender: int = 1000,
+    series_idle: float = 300.0,
 ) -> list[tuple[str, str, Handler]]:
     """``[("POST", "/v1/metrics", handler)]`` feeding ``sink`` (``add_many``, and ``declare`` if it has
-    one); ``clock`` (seconds since the epoch) stamps points without a time."""
-    receiver = _Receiver(sink, max_body_bytes, clock)
+    one); ``clock`` (seconds since the epoch) stamps points without a time.
+
+    Senders are bound to the pods of ``pods`` (this node, ``node_name``); without ``pods`` no sender
+    is bound. Unbound senders are refused unless ``allow_unbound`` (then their attributes are
+    trusted). A sender keeps at most ``max_series_per_sender`` series alive, each forgotten
+    ``series_idle`` seconds after its last point (the buffer's retention)."""
+    budget = SenderSeries(max_series_per_sender, series_idle)
+    receiver = _Receiver(sink, max_body_bytes, clock, pods, node_name, allow_unbound, budget)
     return [("POST", OTLP_METRICS_PATH, receiver.handle)]
