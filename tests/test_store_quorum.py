@@ -297,3 +297,43 @@ async def test_multi_store_reads_ask_r_replicas_in_turns_and_pass_over_a_hung_on
     finally:
         stores3.resume("s2")
         await cluster.close()
+
+
+@pytest.mark.parametrize("answer", ["hedged_read", "write", "readyz"])
+async def test_a_restarted_store_is_trusted_again_once_it_answers(stores3, answer) -> None:
+    """s0 restarts (marked failed by the write that found it down), then s1 hangs (SIGSTOP). As soon
+    as s0 answers once — a hedged read, a write acknowledgement or a /readyz probe — reads go to s0
+    and s2: the hung s1 is asked by one read at most, and at most one read pays the hedge delay.
+    (Before, s0 stayed marked for 10 s and every other read was sent to the hung store.)"""
+    hedge = 0.5
+    cluster = stores3.cluster(timeout=3.0, hedge=hedge)
+    try:
+        assert (await cluster.write((), [("m", pod_ref(1), (), time.time(), 1.0)])).ok
+        stores3.kill("s0")
+        result = await cluster.write((), [("m", pod_ref(1), (), time.time(), 2.0)])
+        assert result.ok and any("s0" in e for e in result.errors)  # W = 2 of 3; s0 now asked last
+        stores3.start("s0")
+        stores3.wait_ready("s0")  # refilled from its peers
+        if answer == "write":
+            assert (await cluster.write((), [("m", pod_ref(1), (), time.time(), 3.0)])).ok
+        elif answer == "readyz":
+            assert sorted(await cluster.ready_members()) == ["s0", "s1", "s2"]
+        value = 2.0 if answer != "write" else 3.0
+        before = {n: _queries_served(stores3, n) for n in stores3.ports}
+        stores3.pause("s1")
+        reads, slow = 12, 0
+        for _ in range(reads):
+            started = time.monotonic()
+            rows = await cluster.query_series("pods", "default", ["pod-1"], "m")
+            slow += time.monotonic() - started >= hedge  # this read waited for the hedge
+            assert [r.value for r in rows] == [value]
+        stores3.resume("s1")
+        await asyncio.sleep(0.5)  # s1 handles what was queued for it while it was stopped
+        served = {n: _queries_served(stores3, n) - before[n] for n in stores3.ports}
+        print(f"{answer}: queries served while s1 hung {served}, reads slower than the hedge: {slow}")
+        assert served["s0"] >= reads - 1 and served["s2"] == reads, served
+        assert served["s1"] <= 1, served  # the hung store was asked by one read at most
+        assert slow <= 1
+    finally:
+        stores3.resume("s1")
+        await cluster.close()

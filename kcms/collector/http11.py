@@ -10,6 +10,19 @@ client, agents) stays on aiohttp.
 Scope: GET only, no redirects, no proxies, identity encoding; one request at a time per
 connection. A request cancelled mid-way (its deadline passed) closes its connection, since the
 connection's state is then unknown.
+
+Response limits (a kubelet is a node, and a node may be compromised): the status line and headers
+together at most ``max_header_bytes`` (default :data:`MAX_HEADER_BYTES`, 1 MiB) and at most
+``max_headers`` header fields (default :data:`MAX_HEADERS`, 100), the body at most
+``max_body_bytes``. Go's HTTP client, which metrics-server uses, bounds a response's status line and
+headers at 10 MiB (``Transport.MaxResponseHeaderBytes``' default; its http2 limit is the same) and
+bounds the number of fields only through those bytes. We keep every kubelet connection alive and
+scrape up to ``--max-in-flight`` of them at once, and httptools gathers a long header value by
+concatenation (quadratic in its length), so the byte bound is Go's server-side default (1 MiB,
+``DefaultMaxHeaderBytes``) and the count an explicit 100: a kubelet sends about six. Beyond either,
+the exchange fails with reason ``headers_too_large`` or ``too_many_headers`` as soon as the bound is
+crossed (bytes are counted as they arrive, so a never-ending header costs at most the bound plus
+one TLS record), and the connection is closed.
 """
 
 from __future__ import annotations
@@ -18,6 +31,9 @@ import asyncio
 import ssl
 
 import httptools
+
+MAX_HEADER_BYTES = 1 << 20  # status line and headers of one response
+MAX_HEADERS = 100  # header fields of one response
 
 
 class HTTPError(Exception):
@@ -31,8 +47,14 @@ class HTTPError(Exception):
 class _Connection(asyncio.Protocol):
     """One connection; feeds bytes to httptools and completes the waiting request."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, max_header_bytes: int = MAX_HEADER_BYTES, max_headers: int = MAX_HEADERS
+    ) -> None:
         self.limit = limit
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
+        self.header_bytes = 0  # bytes received for the current response before its headers ended
+        self.header_count = 0
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
@@ -50,11 +72,26 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # failed already: nothing more is parsed or kept
         self.got_bytes = True
+        headers_pending = not self.headers_done
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(HTTPError("protocol", f"malformed HTTP response: {e}"))
+            return
+        if headers_pending and not self.headers_done:
+            # Counted after feeding: a read that also ends the headers (and carries body bytes)
+            # must not count against the header bound; one that does not end them does.
+            self.header_bytes += len(data)
+            if self.header_bytes > self.max_header_bytes:
+                self._fail(
+                    HTTPError(
+                        "headers_too_large",
+                        f"response status line and headers over {self.max_header_bytes} bytes",
+                    )
+                )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -70,6 +107,13 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_count += 1
+        if self.header_count > self.max_headers:
+            if not self.closed:
+                self._fail(
+                    HTTPError("too_many_headers", f"response with over {self.max_headers} header fields")
+                )
+            return
         name = name.lower()
         if name == b"content-length":
             self.delimited = True
@@ -109,6 +153,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.chunks, self.size, self.got_bytes = [], 0, False
         self.headers_done = self.delimited = False
+        self.header_bytes = self.header_count = 0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         try:
@@ -123,9 +168,18 @@ class _Connection(asyncio.Protocol):
 class KeepAlivePool:
     """At most one idle connection per (host, port); GETs answered as (status, body)."""
 
-    def __init__(self, ssl_context: ssl.SSLContext, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        max_body_bytes: int,
+        *,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_headers: int = MAX_HEADERS,
+    ) -> None:
         self.ssl_context = ssl_context
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
         self._idle: dict[tuple[str, int], _Connection] = {}
         self.connects = 0  # new connections made (TLS handshakes), for tests and metrics
 
@@ -133,7 +187,7 @@ class KeepAlivePool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(
-                lambda: _Connection(self.max_body_bytes),
+                lambda: _Connection(self.max_body_bytes, self.max_header_bytes, self.max_headers),
                 host,
                 port,
                 ssl=self.ssl_context,

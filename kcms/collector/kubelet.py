@@ -7,7 +7,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kcms.collector.http11 import HTTPError, KeepAlivePool
+from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS, HTTPError, KeepAlivePool
 from kcms.model import DecodeError, NodeBatch, NodeInfo
 from kcms.sources.kubelet_decode import decode_resource_metrics, decode_summary
 
@@ -53,6 +53,8 @@ class KubeletClientConfig:
     token_source: Callable[[], str | None] | None = None
     endpoint: str = "resource"  # "resource" (/metrics/resource) or "summary" (/stats/summary)
     max_body_bytes: int = 10 * 1024 * 1024
+    max_header_bytes: int = MAX_HEADER_BYTES  # status line + headers of a response (see http11)
+    max_headers: int = MAX_HEADERS  # header fields of a response
     max_in_flight: int = 200  # concurrent scrapes; the rest wait their turn
     extra_ca_pem: list[str] = field(default_factory=list)
 
@@ -95,7 +97,12 @@ class KubeletClient:
         }
         if config.bearer_token and not config.client_cert_file:
             self._headers["Authorization"] = f"Bearer {config.bearer_token}"
-        self._pool = KeepAlivePool(self._ssl, config.max_body_bytes)
+        self._pool = KeepAlivePool(
+            self._ssl,
+            config.max_body_bytes,
+            max_header_bytes=config.max_header_bytes,
+            max_headers=config.max_headers,
+        )
         self._seen: set[tuple[str, int]] = set()  # endpoints scraped since the last cycle began
 
     def refresh_credentials(self) -> None:

@@ -1,4 +1,12 @@
-"""A client of one `kcms store` replica (see :mod:`kcms.store.service`)."""
+"""A client of one `kcms store` replica (see :mod:`kcms.store.service`).
+
+Responses are bounded as Go's HTTP client bounds them, with aiohttp's parser limits set on the
+session (:func:`session_limits`): a status line or header line of at most 8190 bytes and at most
+128 header fields, so at most ~1 MiB of headers (Go's ``Transport`` allows 10 MiB in all, http2 the
+same); a store never sends more than a handful. A token source that yields ``""`` (a token file
+empty or unusable and nothing loaded before it) makes a request fail at once with a
+:class:`StoreError`; no request goes out with a blank ``Authorization`` header.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,22 @@ class StoreError(Exception):
         self.status = status
 
 
+# aiohttp's parser limits for responses (its defaults since 3.10; set here so older versions and
+# future default changes cannot loosen them).
+MAX_RESPONSE_LINE = 8190
+MAX_RESPONSE_FIELD = 8190
+MAX_RESPONSE_HEADERS = 128
+
+
+def session_limits() -> dict[str, int]:
+    """Keyword arguments for ``aiohttp.ClientSession`` bounding response status and header lines."""
+    return {
+        "max_line_size": MAX_RESPONSE_LINE,
+        "max_field_size": MAX_RESPONSE_FIELD,
+        "max_headers": MAX_RESPONSE_HEADERS,
+    }
+
+
 def client_ssl_context(ca_file: str | None) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=ca_file or None)
     return ctx
@@ -27,6 +51,9 @@ def client_ssl_context(ca_file: str | None) -> ssl.SSLContext:
 
 class StoreClient:
     """Requests to one replica at ``url`` (``http://`` or ``https://host:port``).
+
+    ``token()`` gives the bearer token: ``None`` sends none (no token configured), ``""`` means the
+    configured token is unusable right now, and the request fails without being sent.
 
     Each request has its own deadline (``timeout`` seconds) and is retried ``retries`` times on a
     connection error or timeout, never on an answer: a replica that answered an error is not asked
@@ -65,7 +92,11 @@ class StoreClient:
     async def _post_encoded(self, path: str, data: bytes, typ: type, deadline: float | None = None) -> Any:
         headers = {"Content-Type": wire.CONTENT_TYPE, "Accept-Encoding": "gzip"}
         token = self.token()
-        if token:
+        if token is not None:
+            if not token:
+                raise StoreError(
+                    self.name, f"{path}: no usable bearer token (token file empty or being rewritten)"
+                )
             headers["Authorization"] = "Bearer " + token
         limit = aiohttp.ClientTimeout(total=deadline or self.timeout)
         attempt = 0

@@ -15,12 +15,16 @@ A read returns once every replica asked has answered, or once the quorum is met 
 ``grace`` seconds more have passed: a hung replica (SIGSTOP) costs the grace, not the timeout. In
 multi-store mode a read asks only R replicas, in turns (as Katalyst reads R), and asks the others
 when one of those fails or ``hedge`` (half the timeout) passes; a replica that failed or was slow is
-asked last for the next 10 s, so a hung one costs one hedge, not one per read.
+asked last for the next 10 s, so a hung one costs one hedge, not one per read. Any answer from a
+replica — to a read (a hedged one too), a write (one finishing in the background too) or a
+``/readyz`` probe — lifts that mark at once: a store that restarted is trusted again as soon as it
+answers, so a second store hanging soon after costs one hedged read, not one every other read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -33,7 +37,7 @@ from prometheus_client import Counter
 
 from kcms.model import Labels, NodeBatch, ObjectRef
 from kcms.store import wire
-from kcms.store.client import StoreClient, StoreError, client_ssl_context
+from kcms.store.client import StoreClient, StoreError, client_ssl_context, session_limits
 from kcms.store.query import parse_metric_name
 from kcms.store.ring import Key, Ring, node_key
 from kcms.tasks import cancel_and_wait
@@ -160,6 +164,7 @@ class StoreCluster:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=32, ttl_dns_cache=30),
                 auto_decompress=True,
+                **session_limits(),
             )
         return self._session
 
@@ -218,6 +223,7 @@ class StoreCluster:
                     exc = task.exception()
                     if exc is None:
                         answers[name] = task.result()
+                        self._suspect.pop(name, None)  # it answers again: trust it again
                     else:
                         errors[name] = str(exc)
                         REPLICA_ERRORS.labels(name).inc()
@@ -242,17 +248,21 @@ class StoreCluster:
                 errors.setdefault(tasks[task], f"store {tasks[task]}: no answer within the quorum grace")
                 if finish_late:
                     self._tasks.add(task)
-                    task.add_done_callback(self._late_done)
+                    task.add_done_callback(functools.partial(self._late_done, name=tasks[task]))
                 else:
                     task.cancel()
             if pending and not finish_late:
                 await asyncio.gather(*pending, return_exceptions=True)
         return answers, errors
 
-    def _late_done(self, task: asyncio.Task) -> None:
+    def _late_done(self, task: asyncio.Task, name: str) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            REPLICA_ERRORS.labels(getattr(task.exception(), "store", "?")).inc()
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            REPLICA_ERRORS.labels(name).inc()
+        else:  # a slow replica that acknowledged after all is trusted again
+            self._suspect.pop(name, None)
 
     def _covered(self, keys: Iterable[Key] | None, answered: set[str]) -> bool:
         """True when every key (None: any key) has R of its owners among ``answered``."""
@@ -428,9 +438,17 @@ class StoreCluster:
         return found  # type: ignore[return-value]
 
     async def ready_members(self) -> list[str]:
+        """The members whose ``/readyz`` answers 200. A ready one is trusted again for reads at once;
+        one that is not ready (refilling, unreachable) is asked last for a while, as a failed one."""
         self._refresh()
-        answers, _ = await self._gather(list(self.ring.members), lambda c: c.ready())
-        return [n for n, ok in answers.items() if ok]
+
+        async def probe(client: StoreClient) -> bool:
+            if not await client.ready():
+                raise StoreError(client.name, "/readyz: not ready or unreachable")
+            return True
+
+        answers, _ = await self._gather(list(self.ring.members), probe)
+        return list(answers)
 
     # ---- read repair ---------------------------------------------------------------------------
 

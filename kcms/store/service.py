@@ -2,11 +2,17 @@
 
 Authentication is a shared bearer token read from a file (``--token-file``; re-read when the file
 changes, so a rotated Secret takes effect without a restart). Every path but the probes and
-``/metrics`` answers 401 without it. TLS is optional (``--tls-cert-file``); use it whenever the
-stores are reached over a network that others share.
+``/metrics`` answers 401 without it. A file that is momentarily unusable (empty or truncated
+mid-rotation, missing while a Secret's links are swapped, not text) leaves the last good token in
+force, as client-go's cached token source does; while no usable token was ever loaded the protected
+paths answer 503 and ``/readyz`` is not ready (see :class:`TokenFile`). Refusals are counted in
+``kcms_store_auth_failures_total{reason}``. TLS is optional (``--tls-cert-file``); use it whenever
+the stores are reached over a network that others share.
 
-Bodies are MessagePack (:mod:`kcms.store.wire`), optionally gzip-compressed, at most
-``--max-request-bytes`` after decompression (413 beyond). Errors are JSON Kubernetes ``Status``
+Bodies are MessagePack (:mod:`kcms.store.wire`), optionally gzip-compressed: writes at most
+``--max-request-bytes`` after decompression, queries and exports at most
+:data:`~kcms.store.wire.MAX_QUERY_BYTES` (413 beyond); the lists a query or an export names are
+bounded (:func:`kcms.store.wire.request_problem`, 400 beyond). Errors are JSON Kubernetes ``Status``
 objects.
 
 A replica that starts while peers exist copies what the ring gives it from them (refill) before it
@@ -26,6 +32,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from kcms.limits import printable
 from kcms.model import ObjectRef
 from kcms.selectors import SelectorError, parse_label_selector
 from kcms.store import wire
@@ -45,29 +52,79 @@ LATENCY = Histogram(
 SAMPLES = Counter("kcms_store_samples_total", "Samples written to this replica, by outcome.", ["outcome"])
 REFILLED = Counter("kcms_store_refilled_total", "What refills and repairs copied in, by kind.", ["kind"])
 SERIES = Gauge("kcms_store_series", "Custom-metric series held by this replica.")
+AUTH_FAILURES = Counter(
+    "kcms_store_auth_failures_total",
+    "Requests refused before their handler: missing or wrong bearer token (401), or no usable "
+    "token loaded from --token-file (503).",
+    ["reason"],
+)
+
+
+MAX_TOKEN_BYTES = 16 << 10  # a token file larger than this is not a token
 
 
 class TokenFile:
-    """A bearer token kept in a file, re-read when the file's modification time changes."""
+    """A bearer token kept in a file, re-read when the file changes (its inode, size or times).
+
+    A rotation that is not atomic (the file truncated, then written) or a Secret whose links are
+    being swapped can leave the file missing, empty, or holding something that is not a token for a
+    moment. Then the last good token stays in force, as client-go's cached token source keeps the
+    previous token when re-reading its file fails; the file is read again as soon as it changes. A
+    half-written token cannot be told from a short token: it is used until the write completes,
+    which changes the file's size and so makes it read again (callers holding the new token get 401
+    meanwhile, never a 500).
+
+    ``read()`` never raises; it returns ``""`` while no usable token was ever loaded (a store then
+    answers 503 on its protected paths, a client refuses to send a request).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._mtime = -1.0
+        self._seen: tuple[int, int, int, int] | None = None
         self._token = ""
+        self.problem = ""  # why the file's current content is not used ("" when it is)
         self.read()
 
     def read(self) -> str:
         try:
-            mtime = os.stat(self.path).st_mtime
-        except OSError:
-            return self._token  # keep the last good token while a Secret is being swapped
-        if mtime != self._mtime:
-            with open(self.path, encoding="utf-8") as f:
-                token = f.read().strip()
-            if not token:
-                raise ValueError(f"token file {self.path} is empty")
-            self._token, self._mtime = token, mtime
+            st = os.stat(self.path)
+        except OSError as e:
+            self._unusable(None, f"cannot read it: {e.strerror or e}")
+            return self._token
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if seen != self._seen:
+            token, problem = _read_token(self.path)
+            if problem:
+                self._unusable(seen, problem)
+            else:
+                if self._token and token != self._token:
+                    log.info("token file %s: a new token is in force", self.path)
+                self._token, self._seen, self.problem = token, seen, ""
         return self._token
+
+    def _unusable(self, seen: tuple[int, int, int, int] | None, problem: str) -> None:
+        if problem != self.problem:  # one line per change, not one per request
+            keeping = "keeping the previous token" if self._token else "no token loaded yet"
+            log.warning("token file %s: %s; %s", self.path, problem, keeping)
+        self.problem = problem
+        self._seen = seen
+
+
+def _read_token(path: str) -> tuple[str, str]:
+    """``(token, "")`` or ``("", what is wrong)``: one word of visible ASCII, as a Bearer token is."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as e:
+        return "", f"cannot read it: {e.strerror or e}"
+    if len(raw) > MAX_TOKEN_BYTES:
+        return "", f"it is larger than {MAX_TOKEN_BYTES} bytes"
+    token = raw.strip()
+    if not token:
+        return "", "it is empty"
+    if any(b < 0x21 or b > 0x7E for b in token):
+        return "", "it holds characters a bearer token cannot have (spaces, control or non-ASCII)"
+    return token.decode("ascii"), ""
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
@@ -88,6 +145,21 @@ def _msgpack(obj: Any) -> web.Response:
 
 
 _OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
+# The ``path`` label of the request metrics: these, or "other" (a client must not grow /metrics).
+_API_PATHS = frozenset(
+    {
+        "/store/v1/write",
+        "/store/v1/query/series",
+        "/store/v1/query/resource",
+        "/store/v1/metrics",
+        "/store/v1/export",
+        "/store/v1/status",
+    }
+)
+
+
+def _path_label(path: str) -> str:
+    return path if path in _API_PATHS else "other"
 
 
 class StoreService:
@@ -132,10 +204,9 @@ class StoreService:
         started = time.perf_counter()
         try:
             if path not in _OPEN_PATHS:
-                got = request.headers.get("Authorization", "")
-                want = "Bearer " + self.token()
-                if not hmac.compare_digest(got.encode(), want.encode()):
-                    return self._count(path, status(401, "Unauthorized", "a valid bearer token is required"))
+                refused = self._authenticate(request)
+                if refused is not None:
+                    return self._count(path, refused)
             if request.method == "POST" and request.content_type not in (wire.CONTENT_TYPE, ""):
                 return self._count(
                     path,
@@ -153,22 +224,42 @@ class StoreService:
                 else:
                     raise
             except ValueError as e:  # a malformed body (msgspec errors are ValueErrors)
-                response = status(400, "BadRequest", f"malformed request body: {e}")
+                response = status(400, "BadRequest", f"malformed request body: {printable(str(e), 200)}")
+            if response.status == 400:
+                log.info("store: refused %s %s: 400", request.method, printable(path, 80))
             return self._count(path, response)
         finally:
-            LATENCY.labels(path if path.startswith("/store/") else "other").observe(
-                time.perf_counter() - started
-            )
+            LATENCY.labels(_path_label(path)).observe(time.perf_counter() - started)
+
+    def _authenticate(self, request: web.Request) -> web.Response | None:
+        """None when the request carries the token in force, else the answer to send."""
+        token = self.token()
+        if not token:
+            AUTH_FAILURES.labels("no_token_loaded").inc()
+            response = status(503, "ServiceUnavailable", "no usable bearer token is loaded from --token-file")
+            response.headers["Retry-After"] = "1"
+            return response
+        got = request.headers.get("Authorization", "")
+        # Header values are decoded with surrogateescape: bytes that are not UTF-8 must compare
+        # (unequal), not raise.
+        if hmac.compare_digest(got.encode("utf-8", "surrogateescape"), b"Bearer " + token.encode()):
+            return None
+        reason = "missing" if not got else "invalid"
+        AUTH_FAILURES.labels(reason).inc()
+        log.debug("store: %s bearer token on %s", reason, printable(request.path, 80))
+        return status(401, "Unauthorized", "a valid bearer token is required")
 
     @staticmethod
     def _count(path: str, response: web.StreamResponse) -> web.StreamResponse:
-        REQUESTS.labels(path if path.startswith("/store/") else "other", str(response.status)).inc()
+        REQUESTS.labels(_path_label(path), str(response.status)).inc()
         return response
 
     async def handle_ok(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     async def handle_ready(self, request: web.Request) -> web.Response:
+        if not self.token():
+            return web.Response(status=503, text="no usable bearer token in --token-file")
         if self.ready:
             return web.Response(text="ok")
         return web.Response(status=503, text="refilling from peers")
@@ -225,7 +316,9 @@ class StoreService:
     # ---- queries -------------------------------------------------------------------------------
 
     async def handle_query_series(self, request: web.Request) -> web.Response:
-        q = wire.decode(await request.read(), wire.SeriesQuery)
+        q = wire.decode(await _body(request, wire.MAX_QUERY_BYTES), wire.SeriesQuery)
+        if (problem := wire.request_problem(q)) is not None:
+            return status(400, "BadRequest", problem)
         try:
             selector = parse_label_selector(q.selector) if q.selector else None
         except SelectorError as e:
@@ -235,7 +328,9 @@ class StoreService:
         return _msgpack(rows)
 
     async def handle_query_resource(self, request: web.Request) -> web.Response:
-        q = wire.decode(await request.read(), wire.ResourceQuery)
+        q = wire.decode(await _body(request, wire.MAX_QUERY_BYTES), wire.ResourceQuery)
+        if (problem := wire.request_problem(q)) is not None:
+            return status(400, "BadRequest", problem)
         return _msgpack(self.resource_rows(q))
 
     def resource_rows(self, q: wire.ResourceQuery) -> wire.ResourceRows:
@@ -262,14 +357,16 @@ class StoreService:
                 ]
                 out.pods.append((ns, name, store.pod_node(ns, name), p.timestamp, p.window, containers))
         else:
-            raise web.HTTPBadRequest(text=f'unknown kind "{q.kind}": nodes or pods')
+            raise web.HTTPBadRequest(text=f"unknown kind {printable(q.kind, 40)}: nodes or pods")
         return out
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         return _msgpack(self.series.metrics())
 
     async def handle_export(self, request: web.Request) -> web.Response:
-        req = wire.decode(await request.read(), wire.ExportRequest)
+        req = wire.decode(await _body(request, wire.MAX_EXPORT_BYTES), wire.ExportRequest)
+        if (problem := wire.request_problem(req)) is not None:
+            return status(400, "BadRequest", problem)
         response = _msgpack(self.export(req))
         if len(response.body) > 256 << 10 and "gzip" in request.headers.get("Accept-Encoding", ""):  # type: ignore[arg-type]
             response.enable_compression()
@@ -286,6 +383,20 @@ class StoreService:
         if req.series:
             out.series = list(self.series.export(select, req.metrics))
         return out
+
+
+async def _body(request: web.Request, limit: int) -> bytes:
+    """The (decompressed) body, at most ``limit`` bytes: 413 beyond, before more is read."""
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 << 10):
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _selector(req: wire.ExportRequest) -> Callable[[str, str, str], bool] | None:

@@ -14,6 +14,14 @@ Request and response types (``POST`` paths of :mod:`kcms.store.service`):
 * ``/store/v1/query/resource``: :class:`ResourceQuery` -> :class:`ResourceRows`
 * ``/store/v1/metrics``: (empty) -> ``list[tuple[str, str]]`` (resource, metric)
 * ``/store/v1/export``: :class:`ExportRequest` -> :class:`Write` (raw points, for refill and repair)
+
+Bounds on what a query or an export may name (:func:`request_problem`; a store answers 400 beyond
+them): the body itself is at most :data:`MAX_QUERY_BYTES` (an export :data:`MAX_EXPORT_BYTES`)
+after decompression, 413 beyond; at most :data:`MAX_MEMBERS` members (an export's ring hashes each
+key once per member, ~1 µs each, on the event loop), ``replicas`` at most that, at most
+:data:`MAX_NAMES` object names and :data:`MAX_EXPORT_KEYS` keys or metric names, a selector of at
+most :data:`MAX_SELECTOR_LENGTH` characters. Writes are bounded by the store's
+``--max-request-bytes`` and checked sample by sample.
 """
 
 from __future__ import annotations
@@ -114,6 +122,37 @@ class ExportRequest(msgspec.Struct, array_like=True, frozen=True):
     metrics: list[str] | None = None  # series names to export (None: all)
     resources: bool = True  # include node readings
     series: bool = True  # include custom-metric series
+
+
+# Bodies are bounded before they are decoded, counts after: decoding a body of tiny items costs
+# ~10-25 times its size in objects for a moment, so the body bounds keep that to tens of MB.
+MAX_QUERY_BYTES = 4 << 20  # a query body, after decompression (413 beyond): ~100 000 names
+MAX_EXPORT_BYTES = 1 << 20  # an export request (refill and repair requests are a few KB)
+MAX_MEMBERS = 256  # members or previous members of an export's ring
+MAX_NAMES = 100_000  # object names in one query
+MAX_EXPORT_KEYS = 16_384  # keys or metric names in one export (read repair sends at most 256 keys)
+MAX_SELECTOR_LENGTH = 16 << 10
+
+
+def request_problem(req: SeriesQuery | ResourceQuery | ExportRequest) -> str | None:
+    """What makes a decoded query or export too large to serve (a 400's message), or None."""
+    if isinstance(req, ExportRequest):
+        for what, items, limit in (
+            ("members", req.members, MAX_MEMBERS),
+            ("previous members", req.previous_members, MAX_MEMBERS),
+            ("keys", req.keys, MAX_EXPORT_KEYS),
+            ("metrics", req.metrics, MAX_EXPORT_KEYS),
+        ):
+            if items is not None and len(items) > limit:
+                return f"an export names {len(items)} {what}; at most {limit}"
+        if not 0 <= req.replicas <= MAX_MEMBERS:
+            return f"replicas must be 0 (all) to {MAX_MEMBERS}, not {req.replicas}"
+        return None
+    if req.names is not None and len(req.names) > MAX_NAMES:
+        return f"a query names {len(req.names)} objects; at most {MAX_NAMES}"
+    if isinstance(req, SeriesQuery) and len(req.selector) > MAX_SELECTOR_LENGTH:
+        return f"a selector of {len(req.selector)} characters; at most {MAX_SELECTOR_LENGTH}"
+    return None
 
 
 _encoder = msgspec.msgpack.Encoder()
