@@ -192,6 +192,37 @@ def add_push_server_flags(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="push mode: nodes silent this long are not served and listed as stale (default 1m)",
     )
+    # Node pushes are bound to the node their credential names (kcms/apis/nodebinding.py); these
+    # bound what one node, one metric and all nodes may create (kcms/apis/quota.py).
+    g.add_argument(
+        "--node-push-max-series-per-node",
+        type=positive_int,
+        default=20_000,
+        metavar="N",
+        help="push mode: new series one node may create beyond which they are refused (default 20000, "
+        "the agent's --max-series-per-node)",
+    )
+    g.add_argument(
+        "--node-push-max-series",
+        type=positive_int,
+        default=1_000_000,
+        metavar="N",
+        help="push mode: series from node pushes in total beyond which new ones are refused (default 1000000)",
+    )
+    g.add_argument(
+        "--node-push-max-series-per-metric",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="push mode: series of one metric from node pushes beyond which new ones are refused "
+        "(default 0: no limit; kubelet metrics have a series per pod)",
+    )
+    g.add_argument(
+        "--node-push-allow-namespaced-objects",
+        action="store_true",
+        help="push mode: accept a node's samples about namespaced objects other than pods (Deployments, "
+        "external metrics of a namespace) in namespaces where it runs pods (default: refused)",
+    )
 
 
 def validate_store_client(p: argparse.ArgumentParser, args: argparse.Namespace, required: bool) -> None:

@@ -52,6 +52,7 @@ class ServerProcess:
         if args.active_standby:
             from kcms.apis.nodepush import NodePushAPI
             from kcms.apis.provider import StoreProvider
+            from kcms.apis.quota import SeriesQuota
             from kcms.store.resource import ResourceStore
             from kcms.store.series import SeriesStore
 
@@ -75,7 +76,14 @@ class ServerProcess:
                 self.series,
                 active=active,
                 node_stale_after=args.node_stale_after,
-                known_nodes=lambda: [n.name for n in self.inventory.nodes()],
+                inventory=self.inventory,  # pushes are checked against it: own node, pods on it
+                quota=SeriesQuota(
+                    max_total=args.node_push_max_series,
+                    max_per_writer=args.node_push_max_series_per_node,
+                    max_per_metric=args.node_push_max_series_per_metric or None,
+                    ttl=args.series_retention,
+                ),
+                allow_namespaced=args.node_push_allow_namespaced_objects,
             )
             self.node_push.attach(self.server.app)  # its routes, and the stale-node sweep
             self.server.add_check(

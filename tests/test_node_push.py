@@ -1,7 +1,9 @@
 """Push reporting (kcms/agent/push.py -> kcms/apis/nodepush.py): real aggregated API servers over
 HTTPS with delegated authentication and authorization through the fake Kubernetes API, an active
 and a standby server, failover, stale nodes, malformed input, and a real `kcms agent --push`
-process scraping a simulated kubelet."""
+process scraping a simulated kubelet. Every push here is made with a node-bound credential (the
+node claim of a bound ServiceAccount token); what other credentials may do is
+tests/test_security_node_push.py's subject."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,11 @@ from prometheus_client import REGISTRY
 
 from kcms.agent.buffer import SampleBuffer
 from kcms.agent.push import PushReporter
+from kcms.apis.nodebinding import NODE_NAME_EXTRA
 from kcms.apis.nodepush import EPOCH_HEADER, NODES_PATH, STATUS_PATH, NodePushAPI
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.kube.client import KubeClient
+from kcms.kube.inventory import StaticInventory
 from kcms.kube.reviews import AccessReviewer, TokenReviewer
 from kcms.model import NodeBatch, ObjectRef, ResourcePoint
 from kcms.sim import SimulatedCluster
@@ -41,6 +45,20 @@ REPO = Path(__file__).resolve().parent.parent
 AGENT_TOKEN, READER_TOKEN = "agent-token", "reader-token"
 AGENT_USER = "system:serviceaccount:kcms:kcms-agent"
 POD = ObjectRef("pods", "shop", "web-1")
+
+
+def inventory(nodes: list[str], pods: list[tuple[str, str, str]]) -> StaticInventory:
+    """Nodes by name and pods as ``(namespace, name, node)``."""
+    objects: list[dict] = [{"kind": "Node", "metadata": {"name": n}} for n in nodes]
+    objects += [
+        {"kind": "Pod", "metadata": {"namespace": ns, "name": name}, "spec": {"nodeName": node}}
+        for ns, name, node in pods
+    ]
+    return StaticInventory(objects)
+
+
+# node-1 runs the pods shop/web-0 .. web-99
+NODE_1 = inventory(["node-1"], [("shop", f"web-{i}", "node-1") for i in range(100)])
 
 
 def value(name: str, **labels: str) -> float:
@@ -65,7 +83,6 @@ class PushServer:
     resources: ResourceStore
     series: SeriesStore
     active: bool = True
-    known: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -87,14 +104,23 @@ def pki(ca, tmp_path: Path) -> tuple[str, str, str]:
 async def make_server(fake_kube, pki) -> AsyncIterator[Callable[..., Any]]:
     """Start push servers: ``await make_server(active=..., node_stale_after=..., ...)``."""
     fake_kube.authorize = grant_pushes
-    fake_kube.tokens[AGENT_TOKEN] = {"username": AGENT_USER, "uid": "1"}
+    # the bound token of node-1's agent pod: TokenReview gives its node claim
+    fake_kube.tokens[AGENT_TOKEN] = {
+        "username": AGENT_USER,
+        "uid": "1",
+        "extra": {NODE_NAME_EXTRA: ["node-1"]},
+    }
     fake_kube.tokens[READER_TOKEN] = {"username": "reader", "uid": "2"}
     kube = await KubeClient.load(str(fake_kube.kubeconfig))
     _, cert_file, key_file = pki
     started: list[PushServer] = []
 
     async def make(
-        *, active: bool = True, node_stale_after: float = 60.0, max_body_bytes: int = 16 << 20
+        *,
+        active: bool = True,
+        node_stale_after: float = 60.0,
+        max_body_bytes: int = 16 << 20,
+        inventory: StaticInventory = NODE_1,
     ) -> PushServer:
         resources = ResourceStore(resolution=1.0, max_age=300.0)
         series = SeriesStore()
@@ -115,7 +141,7 @@ async def make_server(fake_kube, pki) -> AsyncIterator[Callable[..., Any]]:
             active=lambda: holder["s"].active,
             node_stale_after=node_stale_after,
             max_body_bytes=max_body_bytes,
-            known_nodes=lambda: holder["s"].known,
+            inventory=inventory,
         )
         ps = holder["s"] = PushServer(server, api, resources, series, active=active)
         api.attach(server.app)
@@ -318,7 +344,8 @@ async def test_a_silent_node_becomes_stale_is_not_served_and_is_fresh_again_when
     make_server, pki
 ) -> None:
     server = await make_server(node_stale_after=0.5)
-    server.known = ["node-1", "node-9"]  # node-9 is in the inventory and never reports
+    # node-9 is in the inventory and never reports
+    server.api.inventory = inventory(["node-1", "node-9"], [(POD.namespace, POD.name, "node-1")])
     node = SimulatedNode()
     rep = reporter([server], pki[0], node, None)
     marked = value("kcms_push_nodes_marked_stale_total")
@@ -353,7 +380,7 @@ async def test_a_silent_node_becomes_stale_is_not_served_and_is_fresh_again_when
         assert server.resources.node_usage("node-1") is not None
         assert value("kcms_push_nodes_marked_stale_total") == marked + 2  # node-9 is not counted twice
 
-        server.known = ["node-1"]  # node-9 left the inventory: no longer listed
+        server.api.inventory = NODE_1  # node-9 left the inventory: no longer listed
         assert server.api.stale_nodes() == []
         status, body = await get_status(server, pki[0], READER_TOKEN)
         assert status == 403 and body["reason"] == "Forbidden"
@@ -424,7 +451,7 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
     assert code == 403 and 'cannot post path "/push/v1/nodes"' in status_of(data)["message"]
     assert server.resources.stats() == (0, 0, 0)
 
-    # a well-formed write: malformed samples are refused one by one, the rest stored
+    # a well-formed write: malformed samples are refused one by one (counted by reason), the rest stored
     now = time.time()
     samples = [
         ("queue_depth", "pods", "shop", "web-1", (("queue", "q"),), now - 1, 5.0),
@@ -434,9 +461,18 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
         ("queue_depth", "pods", "shop", "web-1", (("a", "1"), ("a", "2")), now - 1, 1.0),
         ("queue_depth", "pods", "shop", "web-2", (), now - 1, float("nan")),
         ("queue_depth", "pods", "shop", "web-1", (("queue", "q"),), now - 1, 6.0),  # not newer
-        ("jobs_waiting", "", "jobs", "", (), now - 1, 7.0),
+        ("jobs_waiting", "", "jobs", "", (), now - 1, 7.0),  # not about node-1 or its pods
+        ("queue_depth", "nodes", "", "node-1", (), now - 1, 3.0),
     ]
     refused = value("kcms_push_node_samples_total", result="refused")
+    reasons = [
+        "invalid_metric_name",
+        "invalid_object",
+        "invalid_label_name",
+        "non_finite_value",
+        "object_not_bound",
+    ]
+    before = {r: value("kcms_push_node_refused_total", item="sample", reason=r) for r in reasons}
     code, data, headers = await post(
         server,
         ca_file,
@@ -445,12 +481,15 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
     )
     assert code == 200, data
     assert headers["Content-Type"] == CONTENT_TYPE and headers[EPOCH_HEADER] == server.api.epoch
-    assert decode(data, WriteAck) == WriteAck(nodes=0, samples=2, refused=5)
-    assert value("kcms_push_node_samples_total", result="refused") == refused + 5
+    assert decode(data, WriteAck) == WriteAck(nodes=0, samples=2, refused=6)
+    assert value("kcms_push_node_samples_total", result="refused") == refused + 6
+    got = {r: value("kcms_push_node_refused_total", item="sample", reason=r) - before[r] for r in reasons}
+    assert got == {r: 2 if r == "invalid_label_name" else 1 for r in reasons}
     [r] = server.series.query("pods", "shop", ["web-1"], "queue_depth", now=now)
     assert r.value == 5.0
-    [r] = server.series.query("", "jobs", None, "jobs_waiting", now=now)
-    assert r.value == 7.0
+    [r] = server.series.query("nodes", "", ["node-1"], "queue_depth", now=now)
+    assert r.value == 3.0
+    assert server.series.query("", "jobs", None, "jobs_waiting", now=now) == []
 
     # the same in the compact block form (what store writers send): stored too, a row whose index
     # points outside the tables refused alone
@@ -480,7 +519,16 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
 
 def run_agent(*args: str) -> tuple[int, str]:
     result = subprocess.run(
-        [sys.executable, "-m", "kcms.agent.cli", "--node-name=node-a", "--no-cgroups", "--no-apps", *args],
+        [
+            sys.executable,
+            "-m",
+            "kcms.agent.cli",
+            "--node-name=node-a",
+            "--no-cgroups",
+            "--no-apps",
+            "--insecure-serving",  # its own /metrics is not what these tests are about
+            *args,
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -520,14 +568,19 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
     make_server, pki, ca, fake_kube, tmp_path: Path
 ) -> None:
     ca_file = pki[0]
-    standby, active = await make_server(active=False), await make_server(active=True)
     sim = SimulatedCluster(
         nodes=1, pods_per_node=2, containers_per_pod=1, seed=5, ca=ca, one_port_per_node=True
     )
     await sim.start()
     sim_node = sim.nodes[0]
+    cluster = StaticInventory(sim.inventory_objects())
+    standby = await make_server(active=False, inventory=cluster)
+    active = await make_server(active=True, inventory=cluster)
+    # the agent pod's bound token names its node
+    extra = {NODE_NAME_EXTRA: [sim_node.name]}
+    fake_kube.tokens["sim-agent-token"] = {"username": AGENT_USER, "uid": "3", "extra": extra}
     token_file = tmp_path / "token"
-    token_file.write_text(AGENT_TOKEN + "\n")
+    token_file.write_text("sim-agent-token\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         listen_port = s.getsockname()[1]
@@ -540,6 +593,7 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
         "--no-cgroups",
         "--no-apps",
         "--no-otlp",
+        "--insecure-serving",
         f"--listen=127.0.0.1:{listen_port}",
         "--interval=200ms",
         f"--kubelet-address={sim_node.address}",

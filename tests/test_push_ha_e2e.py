@@ -28,9 +28,15 @@ async def test_agents_push_to_the_active_server_and_follow_a_failover(fake_kube,
     await sim.start()
     for obj in sim.inventory_objects():
         fake_kube.upsert(obj)
-    fake_kube.tokens["agent"] = {"username": "system:serviceaccount:kcms:agent", "uid": "1"}
-    fake_kube.tokens["reader"] = {"username": "reader", "uid": "2"}
     node = sim.nodes[0]
+    # the agent pod's bound ServiceAccount token: TokenReview gives its node claim (Kubernetes >= 1.30),
+    # and the servers accept its reports about that node and the pods the inventory places there
+    fake_kube.tokens["agent"] = {
+        "username": "system:serviceaccount:kcms:agent",
+        "uid": "1",
+        "extra": {"authentication.kubernetes.io/node-name": [node.name]},
+    }
+    fake_kube.tokens["reader"] = {"username": "reader", "uid": "2"}
     ca_file = tmp_path / "ca.pem"
     ca_file.write_bytes(ca.cert_pem.bytes())
     cert = ca.issue_cert("127.0.0.1")
@@ -56,7 +62,8 @@ async def test_agents_push_to_the_active_server_and_follow_a_failover(fake_kube,
         urls = ",".join(f"https://127.0.0.1:{ports[s]}" for s in ("a", "b"))
         procs["agent"] = await _spawn(
             tmp_path, "agent", "agent", f"--node-name={node.name}", f"--kubeconfig={fake_kube.kubeconfig}",
-            "--no-cgroups", "--no-apps", "--no-otlp", f"--listen=127.0.0.1:{free_port()}", "--interval=500ms",
+            "--no-cgroups", "--no-apps", "--no-otlp", "--insecure-serving", f"--listen=127.0.0.1:{free_port()}",
+            "--interval=500ms",
             f"--kubelet-address={node.address}", f"--kubelet-port={node.port}",
             f"--kubelet-certificate-authority={ca_file}", f"--push={urls}", "--push-interval=500ms",
             "--push-timeout=400ms", f"--push-token-file={token_file}", f"--push-ca-file={ca_file}",

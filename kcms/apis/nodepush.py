@@ -27,7 +27,7 @@ Stale nodes: a node whose last accepted push is older than ``node_stale_after`` 
 clock) is *stale*: its readings are dropped from the resource store (so neither ``node_usage`` nor
 the store's own ``max_age`` serve it), it is listed by :meth:`NodePushAPI.stale_nodes` and on
 ``GET /push/v1/status``, and counted (gauge ``kcms_push_stale_nodes``, counter
-``kcms_push_nodes_marked_stale_total``). Nodes of the inventory (``known_nodes()``) that never
+``kcms_push_nodes_marked_stale_total``). Nodes of the inventory that never
 reported are stale too, once ``node_stale_after`` has passed since this server became active (the
 agents' first pushes need that long to arrive); a silent node that left the inventory is
 forgotten rather than listed. A stale node that pushes again is fresh at once.
@@ -41,6 +41,32 @@ before it counts as stale) and ``max_age`` at least twice the agents' ``--push-i
 ``GET /push/v1/status`` answers JSON::
 
     {"active": true, "nodes": {"fresh": 12, "stale": ["node-7"]}, "nodeStaleAfterSeconds": 60.0}
+
+Binding (:mod:`kcms.apis.nodebinding`): a push speaks for one node, the one its credential names
+(the node claim of the agent's bound ServiceAccount token, its pod claim through the inventory, or a
+``system:node:<name>`` user in ``system:nodes``); a caller whose credential names no node is refused
+as a whole with a 403 ``Status``. Each item is then checked against the inventory: a reading or a
+sample about another node (``other_node``), about a node the inventory does not list
+(``unknown_node``), about a pod the inventory does not list (``unknown_pod``) or places on another
+node (``pod_not_on_node``), about another cluster-scoped object or a namespaced object other than a
+pod (``object_not_bound``; the latter allowed with ``allow_namespaced`` in namespaces where the node
+runs pods, else ``namespace_not_on_node``) is refused and counted, and the rest is stored. Before the
+inventory has listed nodes and pods a push is answered ``503`` (nothing could be checked).
+
+Bounds: readings (of the node, of containers) with a non-finite or negative field are refused
+(``invalid_reading``), and so are readings and samples timestamped more than ``--max-future-skew``
+ahead (``future_timestamp``, :mod:`kcms.limits`); a pod reading with more than
+``max_containers_per_pod`` containers (``too_many_containers``) or a container name that is not a
+DNS label (``invalid_container_name``). Samples: Prometheus metric names (``invalid_metric_name``) of
+at most 253 characters (``metric_name_too_long``), label names (``invalid_label_name``: malformed or
+repeated) and label sizes (``too_many_labels``, ``label_name_too_long``, ``label_value_too_long``),
+object references (``invalid_object``), finite values (``non_finite_value``), a block row whose
+index is outside its tables (``bad_row``); ``series``/``history`` (store-to-store forms) are not
+taken from nodes (``unsupported``). New series are limited per node (the writer is
+``system:node:<node>``), per metric and in total by a :class:`kcms.apis.quota.SeriesQuota`
+(``series_limit_writer``, ``series_limit_metric``, ``series_limit_total``). Every refusal is counted
+in ``kcms_push_node_refused_total{item, reason}`` (item ``node``, ``pod``, ``container`` or
+``sample``), and one escaped log line per push summarises them.
 
 Access: the API server's middleware authenticates every request and authorizes it with a
 SubjectAccessReview. The paths are not under ``/apis``, so they are non-resource requests with the
@@ -56,33 +82,42 @@ HTTP verb in lower case. The agents' service account needs::
         verbs: ["get"]
 
 bound with a ClusterRoleBinding (non-resource rules only take effect from cluster bindings). The
-grant lets a pusher report readings for any node name.
+grant lets a pusher report for the node its credential names, and nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections import Counter as Tally
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
+from kcms import limits
+from kcms.apis.nodebinding import (
+    BAD_ROW,
+    UNSUPPORTED,
+    NodeScope,
+    NoNodeIdentity,
+    bound_node,
+    bound_samples,
+    node_identity,
+)
+from kcms.apis.quota import SeriesQuota
 from kcms.apiserver import StatusError, bad_request
 from kcms.apiserver.discovery import Route
 from kcms.apiserver.responses import bytes_response, json_response
 from kcms.httpbody import BodyTooLarge, read_body
-from kcms.model import Labels, ObjectRef
-from kcms.sources.exposition import object_problem
+from kcms.model import Inventory, UserInfo
 from kcms.store.resource import ResourceStore
 from kcms.store.series import SeriesStore
-from kcms.store.wire import CONTENT_TYPE, Write, WriteAck, decode, encode, node_from_wire
+from kcms.store.wire import CONTENT_TYPE, Write, WriteAck, decode, encode
 from kcms.tasks import cancel_and_wait
 
 __all__ = ["EPOCH_HEADER", "NODES_PATH", "STATUS_PATH", "NodePushAPI"]
@@ -96,34 +131,50 @@ STANDBY_MESSAGE = "standby: not the active server"
 
 PUSHES = Counter(
     "kcms_push_node_requests",
-    "Node pushes received, by outcome (accepted, standby, epoch_changed, bad_request, too_large, "
-    "unsupported_media_type).",
+    "Node pushes received, by outcome (accepted, standby, not_synced, forbidden, epoch_changed, "
+    "bad_request, too_large, unsupported_media_type).",
     ["outcome"],
 )
 NODES_STORED = Counter("kcms_push_nodes_stored", "Node readings stored from pushes.")
 PUSH_SAMPLES = Counter(
     "kcms_push_node_samples",
     "Samples of node pushes, by result (accepted; duplicate: not newer than the series' last point; "
-    "refused: malformed).",
+    "refused: see kcms_push_node_refused_total).",
     ["result"],
+)
+REFUSED = Counter(
+    "kcms_push_node_refused",
+    "Items of node pushes refused, by item (node, pod, container, sample) and reason (see "
+    "kcms/apis/nodepush.py).",
+    ["item", "reason"],
 )
 STALE = Gauge("kcms_push_stale_nodes", "Nodes not heard from within --node-stale-after.")
 MARKED_STALE = Counter("kcms_push_nodes_marked_stale", "Times a node became stale.")
 
-_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
-_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
+# New-series limits of node pushes (kcms server --node-push-max-series-per-node, --node-push-max-series,
+# --node-push-max-series-per-metric). Per node: the agent's own buffer bound (--max-series-per-node).
+DEFAULT_MAX_SERIES_PER_NODE = 20_000
+DEFAULT_MAX_SERIES = 1_000_000
+DEFAULT_MAX_SERIES_PER_METRIC: int | None = None  # kubelet metrics have a series per pod: no cap
+
+
+def default_quota(ttl: float, clock: Callable[[], float] = time.monotonic) -> SeriesQuota:
+    """The node-push quota with the defaults of ``kcms server``; a series is forgotten ``ttl``
+    seconds after its last point (the series store's retention)."""
+    return SeriesQuota(
+        max_total=DEFAULT_MAX_SERIES,
+        max_per_writer=DEFAULT_MAX_SERIES_PER_NODE,
+        max_per_metric=DEFAULT_MAX_SERIES_PER_METRIC,
+        ttl=ttl,
+        clock=clock,
+    )
+
+
 _MEDIA_TYPE = CONTENT_TYPE.lower()
-
-
-def _labels(labels: Iterable[tuple[str, str]]) -> Labels | None:
-    """Labels sorted by key, or None if a name is invalid or repeated."""
-    out = tuple(sorted(labels))
-    previous = None
-    for k, _ in out:
-        if k == previous or not _LABEL_RE.fullmatch(k):
-            return None
-        previous = k
-    return out
+NOT_SYNCED_MESSAGE = "nodes and pods not listed yet: a push cannot be checked"
+# Reasons that mean a node reported what is not its own (an attack or a misconfiguration): logged
+# as warnings. The others (a pod the inventory has not seen yet, a bad value) are routine: info.
+_HOSTILE = frozenset({"other_node", "pod_not_on_node", "object_not_bound", "namespace_not_on_node"})
 
 
 class NodePushAPI:
@@ -141,20 +192,31 @@ class NodePushAPI:
         active: Callable[[], bool] = lambda: True,
         node_stale_after: float = 60.0,
         max_body_bytes: int = 16 << 20,
-        known_nodes: Callable[[], Iterable[str]] | None = None,
+        inventory: Inventory,
+        quota: SeriesQuota | None = None,
+        allow_namespaced: bool = False,
+        max_containers_per_pod: int = 256,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``active()``: whether this server holds the Lease now. ``known_nodes()``: the names of
-        the nodes in the inventory (None: only nodes that pushed are tracked). ``clock``: monotonic
-        seconds, the clock of :meth:`ResourceStore.store`."""
+        """``active()``: whether this server holds the Lease now. ``inventory``: the nodes and pods
+        pushes are checked against (and the nodes expected to report). ``quota``: new-series limits
+        per node, per metric and in total (default: :func:`default_quota` over ``series``'
+        retention). ``allow_namespaced``: accept samples about namespaced objects other than pods in
+        namespaces where the node runs pods. ``clock``: monotonic seconds, the clock of
+        :meth:`ResourceStore.store` and of the quota."""
         if not node_stale_after > 0:
             raise ValueError(f"node_stale_after must be positive, not {node_stale_after!r}")
+        if max_containers_per_pod < 1:
+            raise ValueError(f"max_containers_per_pod must be positive, not {max_containers_per_pod!r}")
         self.resources = resources
         self.series = series
         self.active = active
         self.node_stale_after = float(node_stale_after)
         self.max_body_bytes = int(max_body_bytes)
-        self.known_nodes = known_nodes
+        self.inventory = inventory
+        self.quota = quota if quota is not None else default_quota(series.retention, clock)
+        self.allow_namespaced = bool(allow_namespaced)
+        self.max_containers_per_pod = int(max_containers_per_pod)
         self.clock = clock
         if resources.max_age < self.node_stale_after:
             log.warning(
@@ -233,8 +295,8 @@ class NodePushAPI:
             return []
         horizon = now - self.node_stale_after
         stale = {n for n, seen in self._last_seen.items() if seen < horizon}
-        if self.known_nodes is not None:
-            known = set(self.known_nodes())
+        if self.inventory.has_synced():  # the inventory lists the nodes expected to report
+            known = {n.name for n in self.inventory.nodes()}
             for node in stale - known:  # silent and gone from the inventory: deleted, forget it
                 del self._last_seen[node]
                 self.resources.forget_node(node)
@@ -277,13 +339,35 @@ class NodePushAPI:
         except StatusError as e:
             outcome = {
                 400: "bad_request",
+                403: "forbidden",
                 409: "epoch_changed",
                 413: "too_large",
                 415: "unsupported_media_type",
-                503: "standby",
+                503: "standby" if e.message == STANDBY_MESSAGE else "not_synced",
             }.get(e.code, "error")
             PUSHES.labels(outcome).inc()
             raise
+
+    def _identity(self, request: web.Request) -> tuple[UserInfo, NodeScope, str]:
+        """The caller, what its node may report, and how the node was found; 503 before the
+        inventory is listed, 403 when the credential names no node."""
+        if not self.inventory.has_synced():
+            raise StatusError(503, "ServiceUnavailable", NOT_SYNCED_MESSAGE)
+        user = request.get("user")
+        if not isinstance(user, UserInfo):  # the middleware always sets one; be safe anyway
+            user = UserInfo(name="system:anonymous")
+        try:
+            identity = node_identity(user, self.inventory)
+        except NoNodeIdentity as e:
+            log.warning("node push refused: %s cannot report a node: %s", limits.printable(user.name, 80), e)
+            raise StatusError(
+                403,
+                "Forbidden",
+                f"User {limits.printable(user.name, 80)} cannot push node readings: {e}",
+                {"kind": "nodes"},
+            ) from None
+        scope = NodeScope(identity.node, self.inventory, allow_namespaced=self.allow_namespaced)
+        return user, scope, identity.via
 
     async def _push(self, request: web.Request) -> web.StreamResponse:
         now = self.clock()
@@ -294,8 +378,9 @@ class NodePushAPI:
             raise StatusError(
                 415,
                 "UnsupportedMediaType",
-                f"the body must be {CONTENT_TYPE} (a kcms.store.wire.Write), not {media or 'untyped'!r}",
+                f"the body must be {CONTENT_TYPE} (a kcms.store.wire.Write), not {limits.printable(media or 'untyped', 80)}",
             )
+        user, scope, via = self._identity(request)  # before reading: a stranger's body is not read
         body = await self._read_limited(request)
         try:
             write = decode(body, Write)
@@ -308,41 +393,55 @@ class NodePushAPI:
             raise StatusError(
                 409,
                 "Conflict",
-                f"push epoch {continues[:64]!r} is over (now {self.epoch}): send every buffered point",
+                f"push epoch {limits.printable(continues, 64)} is over (now {self.epoch}): send every buffered point",
                 {"name": self.epoch, "kind": "epoch"},
             )
 
+        refusals: Tally[tuple[str, str]] = Tally()
+        future = limits.future_limit()
         nodes = 0
         for wire_node in write.nodes:
-            if not wire_node.node:
+            batch = bound_node(wire_node, scope, future, self.max_containers_per_pod, refusals)
+            if batch is None:
                 continue
-            self.resources.store(node_from_wire(wire_node))
-            seen = self.clock()
-            self._last_seen[wire_node.node] = seen
-            if wire_node.node in self._stale:
-                self._stale.discard(wire_node.node)
+            self.resources.store(batch)
+            self._last_seen[batch.node] = self.clock()
+            if batch.node in self._stale:
+                self._stale.discard(batch.node)
                 STALE.set(len(self._stale))
-                log.info("node %s reports again", wire_node.node)
+                log.info("node %s reports again", batch.node)
             nodes += 1
+        if write.history:  # (previous, last) pairs are for store-to-store copies, not from nodes
+            refusals["node", UNSUPPORTED] += len(write.history)
         NODES_STORED.inc(nodes)
-        accepted, refused, duplicate = self._store_samples(write)
+        accepted, duplicate = self._store_samples(write, scope, future, refusals)
+        refused = sum(refusals.values())
+        for (item, reason), n in refusals.items():
+            REFUSED.labels(item, reason).inc(n)
+        refused_samples = sum(n for (item, _), n in refusals.items() if item == "sample")
         PUSH_SAMPLES.labels("accepted").inc(accepted)
-        PUSH_SAMPLES.labels("refused").inc(refused)
+        PUSH_SAMPLES.labels("refused").inc(refused_samples)
         PUSH_SAMPLES.labels("duplicate").inc(duplicate)
         PUSHES.labels("accepted").inc()
+        if refusals:
+            level = logging.WARNING if any(r in _HOSTILE for _, r in refusals) else logging.INFO
+            log.log(
+                level,
+                "node push of %s for node %s (%s): refused %s",
+                limits.printable(user.name, 80),
+                limits.printable(scope.node, 80),
+                via,
+                ", ".join(f"{n} {item} {reason}" for (item, reason), n in sorted(refusals.items())),
+            )
         ack = encode(WriteAck(nodes=nodes, samples=accepted, refused=refused))
         return bytes_response(request, ack, content_type=CONTENT_TYPE, headers={EPOCH_HEADER: self.epoch})
 
-    def _store_samples(self, write: Write) -> tuple[int, int, int]:
-        """Check and store the write's samples; ``(accepted, refused, duplicate)``."""
-        good: list[tuple[str, ObjectRef, Labels, float, float]] = []
-        refused = 0
-        metrics_ok: dict[str, bool] = {}
-        objects: dict[tuple[str, str, str], ObjectRef | None] = {}
-        labels_ok: dict[Any, Labels | None] = {(): ()}
-        isfinite = math.isfinite
-        samples = list(write.samples)
-        bad_rows = 0
+    def _store_samples(
+        self, write: Write, scope: NodeScope, future: float, refusals: Tally[tuple[str, str]]
+    ) -> tuple[int, int]:
+        """Check and store the write's samples; ``(accepted, duplicate)``, refusals counted in
+        ``refusals``."""
+        samples: list[Any] = list(write.samples)
         if write.block is not None:  # the compact form store writers use; accepted here too
             strings, labelsets = write.block.strings, write.block.labels
             for row in write.block.rows:
@@ -352,32 +451,22 @@ class NodePushAPI:
                         (strings[m], strings[r], strings[ns], strings[n], labelsets[lb], ts, value)
                     )
                 except IndexError:
-                    bad_rows += 1
-        for metric, resource, namespace, name, labels, ts, value in samples:
-            ok = metrics_ok.get(metric)
-            if ok is None:
-                ok = metrics_ok[metric] = _METRIC_RE.fullmatch(metric) is not None
-            key = (resource, namespace, name)
-            obj = objects.get(key, False)
-            if obj is False:
-                obj = objects[key] = None if object_problem(resource, namespace, name) else ObjectRef(*key)
-            lb = labels_ok.get(labels, False)
-            if lb is False:
-                lb = labels_ok[labels] = _labels(labels)
-            if not ok or obj is None or lb is None or not (isfinite(ts) and isfinite(value)):
-                refused += 1
-                continue
-            good.append((metric, obj, lb, float(ts), float(value)))
+                    refusals["sample", BAD_ROW] += 1
+        if write.series:  # packed series are for store-to-store copies, not from nodes
+            refusals["sample", UNSUPPORTED] += len(write.series)
+        good = bound_samples(
+            samples, scope, future, self.quota, f"system:node:{scope.node}", self.clock(), refusals
+        )
         try:
             accepted = self.series.append_many(good)
-        except ValueError:  # not expected after the checks above: store one by one, counting refusals
+        except ValueError:  # not expected after the checks: store one by one, counting refusals
             accepted = 0
             for sample in good:
                 try:
                     accepted += self.series.append(*sample)
                 except ValueError:
-                    refused += 1
-        return accepted, refused + bad_rows, len(samples) - accepted - refused
+                    refusals["sample", "store_refused"] += 1
+        return accepted, len(good) - accepted - refusals["sample", "store_refused"]
 
     async def _read_limited(self, request: web.Request) -> bytes:
         try:

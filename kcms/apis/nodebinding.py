@@ -1,0 +1,354 @@
+"""Node pushes bound to their sender: which node a credential speaks for, and what that node may report.
+
+:func:`node_identity` derives the caller's node from the authenticated user (never from the body),
+trying in order:
+
+1. the **node claim** of a bound ServiceAccount token: TokenReview's
+   ``user.extra["authentication.kubernetes.io/node-name"]`` (set for tokens projected into pods since
+   Kubernetes 1.30, feature ServiceAccountTokenPodNodeInfo);
+2. the **pod claim**: ``extra["authentication.kubernetes.io/pod-name"]`` of a ServiceAccount user
+   ``system:serviceaccount:<namespace>:<name>``; the pod ``<namespace>/<pod-name>`` must be in the
+   inventory, and its ``spec.nodeName`` is the node (older clusters, or tokens without the node claim);
+3. a **node user**: ``system:node:<name>`` in group ``system:nodes`` (a kubelet's client certificate
+   issued by the client CA, or the same identity from another authenticator).
+
+A claim must carry exactly one value that is a valid node (or pod) name. A node claim and a pod
+claim that disagree (the inventory places the pod elsewhere) name no node. A caller with no node
+identity is refused as a whole (:class:`NoNodeIdentity`, a 403).
+
+:class:`NodeScope` then decides each item of the push (the reasons are Prometheus label values):
+
+* a reading or sample about another node: ``other_node``; about the caller's own node when the
+  inventory does not list it (not yet, or not selected by ``--node-selector``): ``unknown_node`` --
+  and then every item of the push is refused so;
+* a pod (reading, or sample about ``pods``) the inventory does not list: ``unknown_pod``; listed on
+  another node: ``pod_not_on_node``;
+* a sample about any other cluster-scoped object: ``object_not_bound`` (a node has no claim on it);
+* a sample about a namespaced object other than a pod (a Deployment, or an external metric of a
+  namespace): ``object_not_bound`` -- unless ``allow_namespaced`` (``kcms server
+  --node-push-allow-namespaced-objects``), and then only in a namespace where the inventory places
+  at least one pod on the caller's node (else ``namespace_not_on_node``). This is the agent's OTLP
+  receiver's Deployment and namespace series; with the flag, a node can write such series for every
+  object of the namespaces it runs pods of, not only for the pods' own owners.
+
+Resource names are compared exactly (``pods``, ``nodes``): they are the strings the stores index and
+the metric APIs read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kcms import limits
+from kcms.apis.quota import SeriesQuota
+from kcms.model import Inventory, Labels, NodeBatch, ObjectRef, ResourcePoint, UserInfo
+from kcms.sources.exposition import object_problem
+from kcms.store.wire import WireNode, WirePoint
+
+__all__ = [
+    "NAMESPACE_NOT_ON_NODE",
+    "NODE_NAME_EXTRA",
+    "OBJECT_NOT_BOUND",
+    "OTHER_NODE",
+    "POD_NAME_EXTRA",
+    "POD_NOT_ON_NODE",
+    "UNKNOWN_NODE",
+    "UNKNOWN_POD",
+    "NoNodeIdentity",
+    "NodeIdentity",
+    "NodeScope",
+    "bound_node",
+    "bound_samples",
+    "node_identity",
+]
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+NODE_USER_PREFIX = "system:node:"
+NODES_GROUP = "system:nodes"
+
+# Refusal reasons (stable: Prometheus label values).
+OTHER_NODE = "other_node"
+UNKNOWN_NODE = "unknown_node"
+UNKNOWN_POD = "unknown_pod"
+POD_NOT_ON_NODE = "pod_not_on_node"
+OBJECT_NOT_BOUND = "object_not_bound"
+NAMESPACE_NOT_ON_NODE = "namespace_not_on_node"
+# ... and of the items' contents
+INVALID_READING = "invalid_reading"
+INVALID_CONTAINER_NAME = "invalid_container_name"
+TOO_MANY_CONTAINERS = "too_many_containers"
+INVALID_METRIC_NAME = "invalid_metric_name"
+INVALID_LABEL_NAME = "invalid_label_name"
+INVALID_OBJECT = "invalid_object"
+NON_FINITE_VALUE = "non_finite_value"
+BAD_ROW = "bad_row"
+UNSUPPORTED = "unsupported"
+
+_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
+_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
+
+_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+
+
+def _subdomain(name: str) -> bool:
+    return 0 < len(name) <= 253 and _DNS_SUBDOMAIN_RE.fullmatch(name) is not None
+
+
+def _label(name: str) -> bool:
+    return 0 < len(name) <= 63 and _DNS_LABEL_RE.fullmatch(name) is not None
+
+
+class NoNodeIdentity(Exception):
+    """The credential names no node (the message says why; it is safe to show the caller)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    node: str
+    via: str  # "node_claim", "pod_claim" or "node_user"
+
+
+def _single(extra: dict[str, tuple[str, ...]], key: str) -> str | None:
+    """The one value of an extra key; NoNodeIdentity if the key is there with several or none."""
+    values = extra.get(key)
+    if values is None:
+        return None
+    if len(values) != 1:
+        raise NoNodeIdentity(f"the credential's {key} claim has {len(values)} values, not one")
+    return values[0]
+
+
+def node_identity(user: UserInfo, inventory: Inventory) -> NodeIdentity:
+    """The node ``user`` speaks for (see the module docstring); :class:`NoNodeIdentity` otherwise.
+    Messages never echo claim values (they could be anything a front proxy was told)."""
+    extra = dict(user.extra)
+    node = _single(extra, NODE_NAME_EXTRA)
+    pod_name = _single(extra, POD_NAME_EXTRA)
+    if node is not None and not _subdomain(node):
+        raise NoNodeIdentity(f"the credential's {NODE_NAME_EXTRA} claim is not a node name")
+    pod_node = None
+    if pod_name is not None and user.name.startswith(SERVICE_ACCOUNT_PREFIX):
+        namespace = user.name[len(SERVICE_ACCOUNT_PREFIX) :].partition(":")[0]
+        if not (_label(namespace) and _subdomain(pod_name)):
+            raise NoNodeIdentity(f"the credential's {POD_NAME_EXTRA} claim is not a pod name")
+        pod = inventory.pod(namespace, pod_name)
+        if pod is not None and pod.node_name:
+            pod_node = pod.node_name
+        elif node is None:
+            raise NoNodeIdentity(
+                "the credential's pod claim names a pod the inventory does not place on a node "
+                "(not listed yet, or not running)"
+            )
+    if node is not None:
+        if pod_node is not None and pod_node != node:
+            raise NoNodeIdentity("the credential's node claim and the node of its pod disagree")
+        return NodeIdentity(node, "node_claim")
+    if pod_node is not None:
+        return NodeIdentity(pod_node, "pod_claim")
+    if user.name.startswith(NODE_USER_PREFIX) and NODES_GROUP in user.groups:
+        name = user.name[len(NODE_USER_PREFIX) :]
+        if not _subdomain(name):
+            raise NoNodeIdentity("the node user's name is not a node name")
+        return NodeIdentity(name, "node_user")
+    raise NoNodeIdentity(
+        "the credential names no node: push with the agent's bound ServiceAccount token (node or pod "
+        f"claim) or as {NODE_USER_PREFIX}<name> in group {NODES_GROUP}"
+    )
+
+
+class NodeScope:
+    """What one node may report in one push (answers are cached for the push: the inventory is a
+    cache that may change between awaits, never within a push, which is handled synchronously)."""
+
+    __slots__ = ("_namespaces", "_pods", "allow_namespaced", "inventory", "node", "node_known")
+
+    def __init__(self, node: str, inventory: Inventory, *, allow_namespaced: bool = False) -> None:
+        self.node = node
+        self.inventory = inventory
+        self.allow_namespaced = allow_namespaced
+        self.node_known = inventory.node(node) is not None
+        self._pods: dict[tuple[str, str], str | None] = {}
+        self._namespaces: dict[str, bool] = {}
+
+    def node_reason(self, name: str) -> str | None:
+        """Why a reading or sample about node ``name`` is refused, or None."""
+        if name != self.node:
+            return OTHER_NODE
+        return None if self.node_known else UNKNOWN_NODE
+
+    def pod_reason(self, namespace: str, name: str) -> str | None:
+        """Why a reading or sample about pod ``namespace/name`` is refused, or None."""
+        key = (namespace, name)
+        try:
+            return self._pods[key]
+        except KeyError:
+            pass
+        if not self.node_known:
+            reason: str | None = UNKNOWN_NODE
+        else:
+            pod = self.inventory.pod(namespace, name)
+            reason = UNKNOWN_POD if pod is None else None if pod.node_name == self.node else POD_NOT_ON_NODE
+        if len(self._pods) < 100_000:  # a push of many distinct names must not grow this unbounded
+            self._pods[key] = reason
+        return reason
+
+    def object_reason(self, resource: str, namespace: str, name: str) -> str | None:
+        """Why a sample about ``(resource, namespace, name)`` is refused, or None (the reference is
+        already known to be well formed)."""
+        if resource == "pods" and namespace:
+            return self.pod_reason(namespace, name)
+        if resource == "nodes" and not namespace:
+            return self.node_reason(name)
+        if not self.node_known:
+            return UNKNOWN_NODE
+        if not namespace or not self.allow_namespaced:
+            return OBJECT_NOT_BOUND
+        hosted = self._namespaces.get(namespace)
+        if hosted is None:
+            hosted = any(p.node_name == self.node for p in self.inventory.pods(namespace))
+            if len(self._namespaces) < 10_000:
+                self._namespaces[namespace] = hosted
+        return None if hosted else NAMESPACE_NOT_ON_NODE
+
+
+# ---- the items of one push ------------------------------------------------------------------------
+
+Refusals = Counter  # (item, reason) -> count; item is "node", "pod", "container" or "sample"
+
+
+def _reading_problem(point: WirePoint, future: float) -> str | None:
+    """Why a ``(start_time, timestamp, cpu_ns, memory)`` reading cannot be used, or None."""
+    start, ts, cpu, memory = point
+    if not (math.isfinite(start) and math.isfinite(ts)) or ts <= 0 or start < 0 or cpu < 0 or memory < 0:
+        return INVALID_READING
+    if ts > future:
+        return limits.FUTURE_TIMESTAMP
+    return None
+
+
+def bound_node(
+    wire: WireNode, scope: NodeScope, future: float, max_containers: int, refusals: Refusals
+) -> NodeBatch | None:
+    """The part of ``wire`` its sender may report, or None (the whole reading refused); every
+    refusal counted in ``refusals``. ``future``: the latest acceptable timestamp."""
+    reason = scope.node_reason(wire.node)
+    if reason is not None:
+        refusals["node", reason] += 1
+        return None
+    point = None
+    if wire.point is not None:
+        reason = _reading_problem(wire.point, future)
+        if reason is None:
+            point = ResourcePoint(*wire.point)
+        else:
+            refusals["node", reason] += 1
+    pods: dict[tuple[str, str], dict[str, ResourcePoint]] = {}
+    for pod in wire.pods:
+        reason = scope.pod_reason(pod.namespace, pod.name)
+        if reason is None and len(pod.containers) > max_containers:
+            reason = TOO_MANY_CONTAINERS
+        if reason is not None:
+            refusals["pod", reason] += 1
+            continue
+        containers: dict[str, ResourcePoint] = {}
+        whole = True
+        for name, p in pod.containers:
+            reason = None if _label(name) else INVALID_CONTAINER_NAME
+            if reason is None:
+                reason = _reading_problem(p, future)
+            if reason is not None:
+                refusals["container", reason] += 1
+                whole = False
+                continue
+            containers[name] = ResourcePoint(*p)
+        # a pod's usage is the sum of its containers: never served partial (as metrics-server)
+        if containers and whole:
+            pods[(pod.namespace, pod.name)] = containers
+    return NodeBatch(wire.node, point, pods)
+
+
+def _labels(labels: Iterable[tuple[str, str]]) -> Labels | str:
+    """Labels sorted by key, or the reason they are refused."""
+    out = tuple(sorted(labels))
+    problem = limits.labels_problem(out)
+    if problem is not None:
+        return problem[0]
+    previous = None
+    for k, _ in out:
+        if k == previous or not _LABEL_NAME_RE.fullmatch(k):
+            return INVALID_LABEL_NAME
+        previous = k
+    return out
+
+
+def _metric_problem(metric: str) -> str | None:
+    problem = limits.metric_name_problem(metric)
+    if problem is not None:
+        return problem[0]
+    return None if _METRIC_RE.fullmatch(metric) else INVALID_METRIC_NAME
+
+
+def bound_samples(
+    samples: Iterable[tuple[Any, ...]],
+    scope: NodeScope,
+    future: float,
+    quota: SeriesQuota,
+    writer: str,
+    now: float,
+    refusals: Refusals,
+) -> list[tuple[str, ObjectRef, Labels, float, float]]:
+    """The ``(metric, resource, namespace, name, labels, timestamp, value)`` samples its sender may
+    report and that fit the bounds and ``quota`` (new series are recorded against ``writer`` at
+    ``now`` as they are admitted, so one push cannot overshoot), as series-store samples; every
+    refusal counted in ``refusals``. Checks are cached per distinct metric, object and label set."""
+    good: list[tuple[str, ObjectRef, Labels, float, float]] = []
+    metrics: dict[str, str | None] = {}
+    objects: dict[tuple[str, str, str], ObjectRef | str] = {}
+    labelsets: dict[Any, Labels | str] = {(): ()}
+    isfinite = math.isfinite
+    for metric, resource, namespace, name, labels, ts, value in samples:
+        reason = metrics.get(metric, "")
+        if reason == "":
+            reason = metrics[metric] = _metric_problem(metric)
+        if reason is None:
+            key = (resource, namespace, name)
+            obj = objects.get(key)
+            if obj is None:
+                if object_problem(resource, namespace, name) is not None:
+                    obj = INVALID_OBJECT
+                else:
+                    obj = scope.object_reason(resource, namespace, name) or ObjectRef(
+                        resource, namespace, name
+                    )
+                objects[key] = obj
+            if isinstance(obj, str):
+                reason = obj
+        if reason is None:
+            lb = labelsets.get(labels)
+            if lb is None:
+                lb = labelsets[labels] = _labels(labels)
+            if isinstance(lb, str):
+                reason = lb
+        if reason is None:
+            if not (isfinite(ts) and isfinite(value)):
+                reason = NON_FINITE_VALUE
+            elif ts > future:
+                reason = limits.FUTURE_TIMESTAMP
+        if reason is None:
+            series = hash((metric, obj, lb))
+            reason = quota.check(writer, metric, series)
+            if reason is None:
+                quota.record(writer, metric, series, now)
+        if reason is not None:
+            refusals["sample", reason] += 1
+            continue
+        good.append((metric, obj, lb, float(ts), float(value)))  # type: ignore[arg-type]
+    return good
