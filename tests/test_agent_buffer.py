@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -142,6 +143,49 @@ def test_refusals_are_counted_by_reason() -> None:
         assert rejected_total(reason) - count == rejected[reason]
     assert b.stats()["series"] == 1  # no refused sample left an empty series behind
     assert parse_agent_text(b.render().decode())[1] == [("m", POD, (), 1.0, 1_700_000_000_000)]
+
+
+def test_bounds_shared_by_every_ingestion_path_are_refused_and_counted(caplog) -> None:
+    """A far-future point would make every later real point of its series out_of_order; huge names
+    and labels would grow the buffer and the collector's store. Each is refused alone and counted."""
+    b = SampleBuffer()
+    reasons = (
+        "future_timestamp",
+        "metric_name_too_long",
+        "label_name_too_long",
+        "label_value_too_long",
+        "too_many_labels",
+        "invalid_value",
+    )
+    before = {r: rejected_total(r) for r in reasons}
+    now = time.time()
+    assert not b.add("m", POD, (), now + 3600, 1)  # an hour ahead (the default skew is 60 s)
+    assert not b.add("m", POD, (), 253402300800.0, 1)  # year 10000
+    assert not b.add("m", POD, (), -62135596801.0, 1)  # before year 0001
+    assert not b.add("m" * 254, POD, (), now, 1)
+    assert not b.add("m" * 1_000_000, POD, (), now, 1)
+    assert not b.add("m", POD, (("a" * 129, "x"),), now, 1)
+    assert not b.add("m", POD, (("a", "v" * 1025),), now, 1)
+    assert not b.add("m", ObjectRef("pods", "default", "p" * 1025), (), now, 1)
+    assert not b.add("m", POD, tuple((f"l{i:02d}", "x") for i in range(33)), now, 1)
+    # the limits themselves are allowed, and a point within the skew is taken
+    assert b.add("m" * 253, POD, tuple((f"l{i:02d}", "v" * 1024) for i in range(32)), now + 30, 1)
+    assert b.add("m", POD, (), now, 1) and b.add("m", POD, (), now + 1, 2)  # nothing stalled the series
+    rejected = b.stats()["rejected"]
+    assert {r: rejected[r] for r in reasons} == {
+        "future_timestamp": 2,
+        "metric_name_too_long": 2,
+        "label_name_too_long": 1,
+        "label_value_too_long": 2,
+        "too_many_labels": 1,
+        "invalid_value": 1,
+    }
+    for reason, count in before.items():
+        assert rejected_total(reason) - count == rejected[reason]
+    assert b.stats()["series"] == 2
+    # the log lines are bounded and escaped: no megabyte name, one line each
+    for record in caplog.records:
+        assert len(record.getMessage()) < 500 and "\n" not in record.getMessage()
 
 
 def test_per_pod_and_per_node_series_limits() -> None:

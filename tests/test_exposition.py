@@ -4,6 +4,7 @@ never raise anything but ExpositionError; render-then-parse round trips)."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -91,6 +92,19 @@ def test_labels_come_out_sorted_and_empty_values_are_dropped():
         (f"m{{{POD}}} 1 1.5", "bad_timestamp"),
         (f"m{{{POD}}} 1 99999999999999999999", "bad_timestamp"),
         (f"m{{{POD}}} 1 9223372036854775808", "bad_timestamp"),
+        # the bounds every ingestion path shares (kcms.limits), on the fast and the general path
+        (f"m{{{POD}}} 1 -62135596800001", "bad_timestamp"),  # before year 0001
+        (f"m{{ {POD}}} 1 -62135596800001", "bad_timestamp"),
+        (f"m{{{POD}}} 1 253402300800000", "future_timestamp"),  # year 10000
+        (f"m{{ {POD}}} 1 253402300800000", "future_timestamp"),
+        (f"m{{{POD}}} 1 {int(time.time() * 1000) + 3_600_000}", "future_timestamp"),
+        (f"{'m' * 254}{{{POD}}} 1 1", "metric_name_too_long"),
+        (f"{'m' * 254}{{ {POD}}} 1 1", "metric_name_too_long"),
+        (f"{'m' * 1_000_000}{{{POD}}} 1 1", "metric_name_too_long"),
+        (f'm{{{POD},{"a" * 129}="1"}} 1 1', "label_name_too_long"),
+        (f'm{{{POD},a="{"v" * 1025}"}} 1 1', "label_value_too_long"),
+        (f'm{{ {POD},a="{"v" * 1024}\\\\"}} 1 1', "label_value_too_long"),  # escaped: 1025 after unescaping
+        ("m{" + POD + "".join(f',l{i}="x"' for i in range(33)) + "} 1 1", "too_many_labels"),
     ],
 )
 def test_rejections_are_counted_by_reason(line: str, reason: str):
@@ -166,7 +180,8 @@ _samples = st.tuples(
     st.dictionaries(_label_name, st.text(min_size=1, max_size=8), max_size=4).map(
         lambda d: tuple(sorted(d.items()))
     ),
-    st.integers(min_value=0, max_value=2**53),
+    # from year 0001 to 2023 (later than now + --max-future-skew is refused: see the bounds tests)
+    st.integers(min_value=-62135596800000, max_value=1_700_000_000_000),
     st.floats(allow_nan=False, allow_infinity=False),
 )
 

@@ -16,8 +16,13 @@ the series' last point), ``invalid_name`` (metric name), ``invalid_labels`` (lab
 ``kcms_`` labels, duplicate keys, non-string values, an ``obj`` that is not an ``ObjectRef``),
 ``invalid_value`` (NaN, infinite or non-numeric timestamp or value), ``pod_limit`` (the pod already
 has ``max_series_per_pod`` series; a pod is ``ObjectRef("pods", ns, name)``), ``node_limit`` (the
-buffer already holds ``max_series_per_node`` series). Refusals are logged at most once per reason
-every ``LOG_EVERY`` seconds.
+buffer already holds ``max_series_per_node`` series), and the bounds every ingestion path shares
+(:mod:`kcms.limits`): ``future_timestamp`` (more than ``--max-future-skew`` ahead of the agent's
+clock: one such point would make every later real point of its series ``out_of_order``; a time
+before year 0001 is ``invalid_value``), ``metric_name_too_long`` (over 253 characters),
+``too_many_labels``, ``label_name_too_long``, ``label_value_too_long`` (a label's value or one of
+the object's resource, namespace and name over the limit). Refusals are logged at most once per
+reason every ``LOG_EVERY`` seconds.
 
 Types: a metric whose name ends in ``_total`` is a counter, any other a gauge, unless a source
 declares otherwise with :meth:`SampleBuffer.declare`.
@@ -35,6 +40,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter
 
+from kcms import limits
 from kcms.model import Labels, ObjectRef
 
 __all__ = ["KINDS", "REASONS", "Sample", "SampleBuffer", "format_value", "series_prefix"]
@@ -44,7 +50,19 @@ log = logging.getLogger(__name__)
 Sample = tuple[str, ObjectRef, Labels, float, float]  # metric, object, labels, seconds, value
 
 KINDS = ("gauge", "counter", "untyped")
-REASONS = ("out_of_order", "invalid_name", "invalid_labels", "invalid_value", "pod_limit", "node_limit")
+REASONS = (
+    "out_of_order",
+    "invalid_name",
+    "invalid_labels",
+    "invalid_value",
+    "pod_limit",
+    "node_limit",
+    limits.FUTURE_TIMESTAMP,
+    limits.METRIC_NAME_TOO_LONG,
+    limits.TOO_MANY_LABELS,
+    limits.LABEL_NAME_TOO_LONG,
+    limits.LABEL_VALUE_TOO_LONG,
+)
 LOG_EVERY = 30.0
 
 REJECTED = Counter(
@@ -58,6 +76,7 @@ for _reason in REASONS:
 _METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
 _POINT = 16
+_MIN_MS = -62135596800000.0  # 0001-01-01T00:00:00Z: earlier times have no RFC 3339 form
 _pack = struct.Struct("=dd").pack
 _unpack_point = struct.Struct("=dd").unpack_from
 _unpack_ts = struct.Struct("=d").unpack_from
@@ -103,18 +122,23 @@ def _check_labels(labels: Labels) -> Labels:
         pairs = tuple(sorted((k, v) for k, v in labels))
     except (TypeError, ValueError):
         raise _Refused(
-            "invalid_labels", f"labels must be (key, value) string pairs, not {labels!r}"
+            "invalid_labels", f"labels must be (key, value) string pairs, not {limits.printable(labels, 80)}"
         ) from None
     previous = None
     for k, v in pairs:
         if not isinstance(k, str) or not isinstance(v, str):
-            raise _Refused("invalid_labels", f"label keys and values must be strings, not {k!r}={v!r}")
+            raise _Refused(
+                "invalid_labels",
+                f"label keys and values must be strings, not {limits.printable(k, 40)}={limits.printable(v, 40)}",
+            )
         if _LABEL_RE.fullmatch(k) is None or k.startswith("__"):
-            raise _Refused("invalid_labels", f"invalid label name {k!r}")
+            raise _Refused("invalid_labels", f"invalid label name {limits.printable(k, 80)}")
         if k.startswith("kcms_"):
-            raise _Refused("invalid_labels", f"label {k!r} uses the reserved prefix kcms_")
+            raise _Refused(
+                "invalid_labels", f"label {limits.printable(k, 80)} uses the reserved prefix kcms_"
+            )
         if k == previous:
-            raise _Refused("invalid_labels", f"duplicate label {k!r}")
+            raise _Refused("invalid_labels", f"duplicate label {limits.printable(k, 80)}")
         previous = k
     return pairs
 
@@ -165,9 +189,19 @@ class SampleBuffer:
             ms = float(round(timestamp * 1000.0))
             value = float(value)
         except (TypeError, ValueError, OverflowError):
-            return self._refuse("invalid_value", f"{metric}: timestamp and value must be numbers")
-        if value - value or ms - ms:  # NaN or infinite
-            return self._refuse("invalid_value", f"{metric}: timestamp and value must be finite")
+            return self._refuse(
+                "invalid_value", f"{limits.printable(metric, 80)}: timestamp and value must be numbers"
+            )
+        if value - value or ms - ms or ms < _MIN_MS:  # NaN or infinite
+            return self._refuse(
+                "invalid_value", f"{limits.printable(metric, 80)}: timestamp and value must be finite"
+            )
+        if ms > limits.future_limit() * 1000.0:
+            return self._refuse(
+                limits.FUTURE_TIMESTAMP,
+                f"{limits.printable(metric, 80)}: timestamp {timestamp:.3f} is more than "
+                f"{limits.max_future_skew():g}s ahead of this node's clock",
+            )
         by_key = self._metrics.get(metric)
         try:
             series = by_key.get((obj, labels)) if by_key is not None else None
@@ -177,11 +211,14 @@ class SampleBuffer:
             try:
                 series = self._new_series(metric, obj, labels)
             except _Refused as e:
-                return self._refuse(e.reason, f"{metric}: {e}")
+                return self._refuse(e.reason, f"{limits.printable(metric, 80)}: {e}")
         points = series[1]
         n = len(points)
         if n and ms <= _unpack_ts(points, n - _POINT)[0]:
-            return self._refuse("out_of_order", f"{metric}: timestamp not newer than the series' last point")
+            return self._refuse(
+                "out_of_order",
+                f"{limits.printable(metric, 80)}: timestamp not newer than the series' last point",
+            )
         points += _pack(ms, value)
         self._points += 1
         return True
@@ -196,13 +233,27 @@ class SampleBuffer:
         return accepted
 
     def _new_series(self, metric: str, obj: ObjectRef, labels: Labels) -> _Series:
-        if not isinstance(metric, str) or _METRIC_RE.fullmatch(metric) is None:
-            raise _Refused("invalid_name", f"invalid metric name {metric!r}")
+        if not isinstance(metric, str):
+            raise _Refused("invalid_name", f"invalid metric name {limits.printable(metric, 80)}")
+        problem = limits.metric_name_problem(metric)
+        if problem is not None:
+            raise _Refused(*problem)
+        if _METRIC_RE.fullmatch(metric) is None:
+            raise _Refused("invalid_name", f"invalid metric name {limits.printable(metric, 80)}")
         if not isinstance(obj, ObjectRef):
-            raise _Refused("invalid_labels", f"obj must be an ObjectRef, not {obj!r}")
-        if not all(isinstance(s, str) for s in (obj.resource, obj.namespace, obj.name)):
-            raise _Refused("invalid_labels", f"object fields must be strings: {obj!r}")
+            raise _Refused("invalid_labels", f"obj must be an ObjectRef, not {limits.printable(obj, 80)}")
+        fields = (obj.resource, obj.namespace, obj.name)
+        if not all(isinstance(s, str) for s in fields):
+            raise _Refused("invalid_labels", f"object fields must be strings: {limits.printable(obj, 80)}")
+        if max(map(len, fields)) > limits.MAX_LABEL_VALUE_LENGTH:
+            raise _Refused(
+                limits.LABEL_VALUE_TOO_LONG,
+                f"an object name of {max(map(len, fields))} characters; at most {limits.MAX_LABEL_VALUE_LENGTH}",
+            )
         labels = _check_labels(labels)
+        problem = limits.labels_problem(labels)
+        if problem is not None:
+            raise _Refused(*problem)
         by_key = self._metrics.get(metric)
         if by_key is not None:
             found = by_key.get((obj, labels))
@@ -212,7 +263,10 @@ class SampleBuffer:
             raise _Refused("node_limit", f"the buffer holds {self.max_series_per_node} series")
         pod = (obj.namespace, obj.name) if obj.resource == "pods" else None
         if pod is not None and self._per_pod.get(pod, 0) >= self.max_series_per_pod:
-            raise _Refused("pod_limit", f"pod {pod[0]}/{pod[1]} has {self.max_series_per_pod} series")
+            raise _Refused(
+                "pod_limit",
+                f"pod {limits.printable(pod[0] + '/' + pod[1], 80)} has {self.max_series_per_pod} series",
+            )
         if by_key is None:
             by_key = self._metrics[metric] = {}
         series = (series_prefix(metric, obj, labels), bytearray())

@@ -12,6 +12,11 @@ cached per body (a ``?since=`` answer repeats each series on several lines). Any
 through the strict general parser :func:`kcms.sources.promtext.parse_sample_line`, which also accepts
 the reserved labels in any position.
 
+Bounds (:mod:`kcms.limits`, the same on every ingestion path): a timestamp more than
+``--max-future-skew`` ahead of this process's clock is ``future_timestamp`` (before year 0001:
+``bad_timestamp``); a metric name over 253 characters, a label name or value over the limits or too
+many labels are refused with the limit's reason. Each is one line dropped, never the body.
+
 A line that cannot be used is dropped and counted under a reason (see :data:`REASONS`); comment,
 ``# TYPE`` and blank lines are skipped. Metric labels with an empty value are dropped, as Prometheus
 treats them as absent. Only a body that is too large or not UTF-8 is refused as a whole, with
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import re
 
+from kcms import limits
 from kcms.model import Labels, ObjectRef
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 
@@ -51,7 +57,12 @@ REASONS = (
     "invalid_kcms_labels",  # the object they name is not valid, or a metric label starts with kcms_
     "not_finite",  # the value is NaN or infinite
     "bad_value",  # the value is not a number
-    "bad_timestamp",  # the timestamp is absent or not an integer of milliseconds
+    "bad_timestamp",  # the timestamp is absent, not an integer of milliseconds, or before year 0001
+    limits.FUTURE_TIMESTAMP,  # more than --max-future-skew ahead of this process's clock
+    limits.METRIC_NAME_TOO_LONG,
+    limits.TOO_MANY_LABELS,
+    limits.LABEL_NAME_TOO_LONG,
+    limits.LABEL_VALUE_TOO_LONG,
 )
 
 # The reserved labels naming the object, in the order the agents render them.
@@ -64,8 +75,8 @@ _FAST_RE = re.compile(
 _PAIR_RE = re.compile(r',([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"', re.ASCII)
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
 _DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
-_TS_MIN = -(2**63)
-_TS_MAX = 2**63
+_TS_MIN = -62135596800000  # 0001-01-01T00:00:00Z in ms: earlier years have no RFC 3339 form
+_TS_MAX = 2**63  # not an int64 (the slow path's parse_timestamp says the same)
 
 
 class ExpositionError(ValueError):
@@ -100,22 +111,33 @@ def object_problem(resource: str, namespace: str, name: str) -> str | None:
     return None
 
 
-def _labels_of(pairs: list[tuple[str, str]]) -> Labels | None:
-    """Sorted metric labels without empty values; None if a name repeats or is reserved."""
+def _labels_of(pairs: list[tuple[str, str]]) -> Labels | str | None:
+    """Sorted metric labels without empty values; None if a name repeats or is reserved; the
+    reason (a str) if the set is over a size bound."""
     if not pairs:
         return ()
     names = {k for k, _ in pairs}
     if len(names) != len(pairs) or any(k.startswith("kcms_") for k in names):
         return None
+    problem = limits.labels_problem(pairs)
+    if problem is not None:
+        return problem[0]
     return tuple(sorted(p for p in pairs if p[1]))
 
 
-def _slow_line(line: str, objects: dict, rejected: dict[str, int]) -> Sample | None:
+def _bump(rejected: dict[str, int], reason: str) -> None:
+    rejected[reason] = rejected.get(reason, 0) + 1
+
+
+def _slow_line(line: str, objects: dict, rejected: dict[str, int], latest_ms: float) -> Sample | None:
     """The general path: one line through the strict parser; None (and counted) if unusable."""
     try:
         metric, labels, value_text, ts_text = parse_sample_line(line)
     except LineError:
         rejected["malformed"] = rejected.get("malformed", 0) + 1
+        return None
+    if len(metric) > limits.MAX_METRIC_NAME_LENGTH:
+        _bump(rejected, limits.METRIC_NAME_TOO_LONG)
         return None
     try:
         key = (labels.pop("kcms_resource"), labels.pop("kcms_namespace"), labels.pop("kcms_name"))
@@ -132,6 +154,9 @@ def _slow_line(line: str, objects: dict, rejected: dict[str, int]) -> Sample | N
     if metric_labels is None:
         rejected["invalid_kcms_labels"] = rejected.get("invalid_kcms_labels", 0) + 1
         return None
+    if type(metric_labels) is str:
+        _bump(rejected, metric_labels)
+        return None
     try:
         value = parse_value(value_text)
     except ValueError:
@@ -144,20 +169,26 @@ def _slow_line(line: str, objects: dict, rejected: dict[str, int]) -> Sample | N
         if ts_text is None:
             raise ValueError("no timestamp")
         ms = parse_timestamp(ts_text)
+        if ms < _TS_MIN:
+            raise ValueError("before year 0001")
     except ValueError:
         rejected["bad_timestamp"] = rejected.get("bad_timestamp", 0) + 1
         return None
-    return metric, obj, metric_labels, ms / 1000.0, value
+    if ms > latest_ms:
+        _bump(rejected, limits.FUTURE_TIMESTAMP)
+        return None
+    return metric, obj, metric_labels, ms / 1000.0, value  # type: ignore[return-value]
 
 
 def parse_exposition(
-    body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES
+    body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, latest: float | None = None
 ) -> tuple[list[Sample], dict[str, int]]:
     """The samples of an agent's ``/metrics`` body and the counts of dropped lines by reason.
 
     Samples are ``(metric, ObjectRef, labels, timestamp_seconds, value)`` with the labels sorted
-    by name and without the ``kcms_`` labels, in body order. Raises :class:`ExpositionError` (and
-    nothing else) if the body is over ``max_bytes`` or not UTF-8.
+    by name and without the ``kcms_`` labels, in body order. ``latest``: the latest acceptable
+    timestamp in seconds (default :func:`kcms.limits.future_limit` now). Raises
+    :class:`ExpositionError` (and nothing else) if the body is over ``max_bytes`` or not UTF-8.
     """
     if len(body) > max_bytes:
         raise ExpositionError("too_large", f"body of {len(body)} bytes over the limit of {max_bytes}")
@@ -165,18 +196,20 @@ def parse_exposition(
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ExpositionError("not_utf8", f"body is not UTF-8: {e}") from None
+    latest_ms = (limits.future_limit() if latest is None else latest) * 1000.0
+    max_name = limits.MAX_METRIC_NAME_LENGTH
     samples: list[Sample] = []
     rejected: dict[str, int] = {}
     append = samples.append
     fast = _FAST_RE.fullmatch
     objects: dict[tuple[str, str, str], ObjectRef | None] = {}  # None: invalid
-    label_cache: dict[str, Labels | None] = {"": ()}
+    label_cache: dict[str, Labels | str | None] = {"": ()}
     for line in text.split("\n"):
         m = fast(line)
         if m is None:
             if not line or line[0] == "#" or line.isspace() or line.lstrip(" \t").startswith("#"):
                 continue
-            s = _slow_line(line, objects, rejected)
+            s = _slow_line(line, objects, rejected, latest_ms)
             if s is not None:
                 append(s)
             continue
@@ -195,6 +228,12 @@ def parse_exposition(
         if obj is None or labels is None:
             rejected["invalid_kcms_labels"] = rejected.get("invalid_kcms_labels", 0) + 1
             continue
+        if type(labels) is str:  # over a size bound: the reason
+            _bump(rejected, labels)
+            continue
+        if len(metric) > max_name:
+            _bump(rejected, limits.METRIC_NAME_TOO_LONG)
+            continue
         try:
             value = float(value_text)
         except ValueError:
@@ -204,8 +243,11 @@ def parse_exposition(
             rejected["not_finite"] = rejected.get("not_finite", 0) + 1
             continue
         ms = int(ts_text)
+        if latest_ms < ms < _TS_MAX:
+            _bump(rejected, limits.FUTURE_TIMESTAMP)
+            continue
         if not _TS_MIN <= ms < _TS_MAX:
             rejected["bad_timestamp"] = rejected.get("bad_timestamp", 0) + 1
             continue
-        append((metric, obj, labels, ms / 1000.0, value))
+        append((metric, obj, labels, ms / 1000.0, value))  # type: ignore[arg-type]
     return samples, rejected

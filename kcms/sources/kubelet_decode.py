@@ -18,7 +18,13 @@ Semantics (shared by both):
 * Per-sample rejections, counted in ``NodeBatch.rejected`` by reason: ``non_finite`` (NaN, +-Inf),
   ``negative``, ``bad_value`` (value or timestamp not a number, or a timestamp <= 0), ``missing_label``
   (namespace, pod or container absent or empty), ``duplicate`` (the same series twice: the first wins),
-  ``malformed`` (a line that is not a sample line).
+  ``malformed`` (a line that is not a sample line), ``metric_name_too_long`` (a line of another
+  family whose name is over 253 characters: skipped as every other family is, but counted).
+* The bounds of :mod:`kcms.sources.bounds` (both decoders): a reading more than ``--max-future-skew``
+  ahead (``future_timestamp``), a CPU counter or memory beyond any machine (``absurd_value``), a
+  namespace, pod or container name over 253 characters (``label_value_too_long``). A refused
+  container drops its pod (never a partial pod sum); the node's reading and the other pods are kept.
+  Only the response's structure can fail it as a whole, never one sample.
 * Whole-response failures raise :class:`kcms.model.DecodeError`: ``too_large`` (body over ``max_bytes``),
   ``malformed`` (not UTF-8 text, empty, or no recognised sample and at least one malformed line),
   ``kubelet_error`` (``resource_scrape_error``/``scrape_error`` is 1 and nothing usable was decoded; if some
@@ -55,7 +61,9 @@ from itertools import repeat
 from operator import mul, sub, truediv
 from typing import Any
 
+from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
+from kcms.sources.bounds import screen_batch
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 from kcms.sources.summary_decode import decode_summary as _decode_summary
 
@@ -289,6 +297,8 @@ def _slow_lines(text: str, acc: _Acc) -> None:
                 _bump(rejected, "bad_value")
             continue
         else:
+            if len(name) > limits.MAX_METRIC_NAME_LENGTH:
+                _bump(rejected, limits.METRIC_NAME_TOO_LONG)  # unused, but say a kubelet sends it
             continue  # another family
         try:
             v = parse_value(vt)
@@ -456,6 +466,9 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
                 pods.pop(pk, None)
             _bump(rejected, "zero_value", len(zero_pods))
 
+    # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
+    for reason, n in screen_batch(batch, limits.future_limit(max(time.time(), acc.now))).items():
+        _bump(rejected, reason, n)
     if acc.scrape_error is not None and acc.scrape_error != 0:
         if batch.node_point is None and not pods:
             raise DecodeError(

@@ -11,6 +11,9 @@ semantics and rejection reasons as :func:`kcms.sources.kubelet_decode.decode_res
 addition a wrong JSON type or an unparseable time counts as ``bad_value``, a container or node without CPU
 or memory stats (the kubelet omits them until it has them) as ``incomplete_container`` / ``incomplete_node``,
 and an unparseable ``startTime`` is counted as ``bad_value`` but keeps the point with start time 0.0.
+A time whose year is not four digits is not RFC 3339 and counts as ``bad_value``; the bounds of
+:mod:`kcms.sources.bounds` (``future_timestamp``, ``absurd_value``, ``label_value_too_long``) apply
+last, one reading at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 
 import orjson
 
+from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
+from kcms.sources.bounds import screen_batch
 
 __all__ = ["DEFAULT_MAX_BYTES", "decode_summary", "parse_rfc3339"]
 
@@ -222,4 +227,7 @@ def decode_summary(node: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES
             _bump(rejected, "zero_value")
         elif points:
             out[pk] = points
+    # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
+    for reason, n in screen_batch(batch, limits.future_limit()).items():
+        rejected[reason] = rejected.get(reason, 0) + n
     return batch

@@ -6,6 +6,13 @@ two readings of the same container start, so a restart or a counter reset never 
 negative or inflated rate. Readings are stored node by node as each scrape completes; a node
 that stops answering keeps its readings until they are older than ``max_age`` and is then
 dropped, so nothing is ever served frozen at an old value.
+
+Every batch is screened on the way in (:func:`kcms.sources.bounds.screen_batch`: a reading more
+than ``--max-future-skew`` ahead, negative, non-finite or absurd, or with an oversized name, is
+refused, its pod with it), whoever wrote it: a collector, a node push, a peer's copy. A pair of
+readings whose rate would be over :data:`kcms.sources.bounds.MAX_CPU_CORES` cores gives no rate
+(``absurd_rate``), and a counter that went down within one container start is a new base, never a
+negative rate (``counter_backwards``). All are counted in ``kcms_store_refused_readings_total{reason}``.
 """
 
 from __future__ import annotations
@@ -14,13 +21,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from kcms.model import NodeBatch, PodKey, ResourcePoint
+from kcms.sources.bounds import MAX_NANOCORES, REASONS, screen_batch
 
 STORED = Gauge(
     "kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"]
 )
+ABSURD_RATE = "absurd_rate"
+COUNTER_BACKWARDS = "counter_backwards"
+REFUSED = Counter(
+    "kcms_store_refused_readings",
+    "Resource readings (or rates from a pair of them) the store refused and never serves, by reason.",
+    ["reason"],
+)
+for _reason in (*REASONS, ABSURD_RATE, COUNTER_BACKWARDS):
+    REFUSED.labels(_reason)
 
 # A container that started less than this long before its first reading gets no synthetic
 # "zero at start time" previous point: its first rate would rest on too short a window.
@@ -82,11 +99,19 @@ def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> R
     return None
 
 
+def _absurd(new: ResourcePoint, prev: ResourcePoint) -> bool:
+    """True when the rate from ``prev`` to ``new`` would be over MAX_NANOCORES (a counter jump)."""
+    return new.cpu_ns - prev.cpu_ns > MAX_NANOCORES * (new.timestamp - prev.timestamp)
+
+
 def _usage(last: ResourcePoint, prev: ResourcePoint) -> Usage | None:
     window = last.timestamp - prev.timestamp
     if window <= 0 or last.cpu_ns < prev.cpu_ns:
         return None
-    return Usage(last.timestamp, window, int((last.cpu_ns - prev.cpu_ns) / window), last.memory)
+    rate = (last.cpu_ns - prev.cpu_ns) / window
+    if rate > MAX_NANOCORES:  # refused when stored; kept here so that no path can serve one
+        return None
+    return Usage(last.timestamp, window, int(rate), last.memory)
 
 
 def _newest(entry: _NodeEntry) -> float:
@@ -120,8 +145,10 @@ class ResourceStore:
     # -- writing ----------------------------------------------------------------------------
 
     def store(self, batch: NodeBatch, received: float | None = None) -> None:
-        """Store one node's scrape; its pods not in ``batch`` are forgotten."""
+        """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the
+        bounds are dropped from ``batch`` (see the module docstring) and counted."""
         received = time.monotonic() if received is None else received
+        counts = screen_batch(batch)
         node = batch.node
         entry = self._nodes.get(node)
         if entry is None:
@@ -133,7 +160,8 @@ class ResourceStore:
             entry.last = entry.prev = None
         else:
             old = (entry.last, entry.prev) if entry.last is not None else None
-            entry.prev = _previous_for(point, old, 0.0)  # nodes have no fresh-start shortcut
+            prev = _previous_for(point, old, 0.0)  # nodes have no fresh-start shortcut
+            entry.prev = self._checked(point, old, prev, counts)
             entry.last = point
 
         resolution = self.resolution
@@ -152,10 +180,12 @@ class ResourceStore:
                         new.timestamp > last.timestamp
                         and new.start_time == last.start_time
                         and new.cpu_ns >= last.cpu_ns
+                        and new.cpu_ns - last.cpu_ns <= MAX_NANOCORES * (new.timestamp - last.timestamp)
                     ):
                         pairs[name] = (new, last)
                         continue
-                pairs[name] = (new, _previous_for(new, old, resolution))
+                prev = _previous_for(new, old, resolution)
+                pairs[name] = (new, self._checked(new, old, prev, counts))
             new_pods[key] = pairs
             pod_node[key] = node
         for key in old_pods.keys() - new_pods.keys():
@@ -163,6 +193,21 @@ class ResourceStore:
                 del pod_node[key]
         entry.pods = new_pods
         entry.usage = {}
+        for reason, n in counts.items():
+            REFUSED.labels(reason).inc(n)
+
+    @staticmethod
+    def _checked(
+        new: ResourcePoint, old: _Pair | None, prev: ResourcePoint | None, counts: dict[str, int]
+    ) -> ResourcePoint | None:
+        """``prev`` unless the rate from it to ``new`` is absurd; counts that and a counter that
+        went backwards within one container start (both leave ``new`` as a fresh base)."""
+        if old is not None and new.start_time == old[0].start_time and new.cpu_ns < old[0].cpu_ns:
+            counts[COUNTER_BACKWARDS] = counts.get(COUNTER_BACKWARDS, 0) + 1
+        if prev is not None and _absurd(new, prev):
+            counts[ABSURD_RATE] = counts.get(ABSURD_RATE, 0) + 1
+            return None
+        return prev
 
     def forget_node(self, node: str) -> None:
         entry = self._nodes.pop(node, None)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from kcms.model import NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
+from kcms.sources.bounds import MAX_SERVED_TIMESTAMP, MIN_SERVED_TIMESTAMP
 from kcms.store.resource import PodUsage, Usage
 
 GROUP = "metrics.k8s.io"
@@ -21,6 +23,8 @@ def go_duration(seconds: float) -> str:
     Rounded to the microsecond: the inputs are differences of float epoch timestamps, whose
     last digits are noise (2.006 s would print as 2.006000042s).
     """
+    if not math.isfinite(seconds):  # never from the stores (their timestamps are bounded); a 500 is worse
+        seconds = 0.0
     ns = round(seconds * 1e6) * 1000
     if ns == 0:
         return "0s"
@@ -47,20 +51,34 @@ def _fraction(value: int, unit: int) -> str:
     return f"{whole}.{rest:0{digits}d}".rstrip("0")
 
 
+_MIN_SECOND = int(MIN_SERVED_TIMESTAMP)
+_MAX_SECOND = int(MAX_SERVED_TIMESTAMP)
+
+
 class TimeFormatter:
-    """RFC 3339 (seconds, UTC) as metav1.Time marshals, memoised for the burst of one list."""
+    """RFC 3339 (seconds, UTC) as metav1.Time marshals, memoised for the burst of one list.
+
+    The year is always four digits: Go's ``time.Parse`` (kubectl, the HPA) refuses anything else and
+    with it the whole list. Ingestion refuses timestamps outside 0001-9999 (``kcms.sources.bounds``
+    and ``kcms.limits.future_limit``); should one get this far, it is clamped into that range here
+    rather than break a client (and ``strftime("%Y")`` would print year 999 as ``999``).
+    """
 
     __slots__ = ("_second", "_text")
 
     def __init__(self) -> None:
-        self._second = -1
+        self._second: int | None = None
         self._text = ""
 
     def __call__(self, ts: float) -> str:
-        second = int(ts)
+        if _MIN_SECOND <= ts <= _MAX_SECOND:  # false for NaN
+            second = int(ts)
+        else:
+            second = _MAX_SECOND if ts > 0 else _MIN_SECOND
         if second != self._second:
             self._second = second
-            self._text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+            t = time.gmtime(second)
+            self._text = f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}Z"
         return self._text
 
 
