@@ -145,6 +145,21 @@ def add_series_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="pushed series of one metric beyond which new ones are refused (default 10000)",
     )
+    g.add_argument(
+        "--push-max-series-per-writer",
+        type=positive_int,
+        default=10_000,
+        metavar="N",
+        help="pushed series one authenticated writer may create beyond which its new ones are refused "
+        "(default 10000)",
+    )
+    g.add_argument(
+        "--push-allow-nonresource-grant",
+        action="store_true",
+        help="let the legacy non-resource grant (post on /push/v1/samples) push samples about any "
+        "target; off: each target needs `create` on custom.metrics.k8s.io <resource>/<metric> or "
+        "external.metrics.k8s.io <metric> in its namespace",
+    )
 
 
 def add_agent_collector_flags(p: argparse.ArgumentParser) -> None:

@@ -47,7 +47,9 @@ class ServerProcess:
         self.provider: Any = None
         self._tasks: list[asyncio.Task] = []
         limits = PushLimits(
-            max_series_total=args.push_max_series, max_series_per_metric=args.push_max_series_per_metric
+            max_series_total=args.push_max_series,
+            max_series_per_metric=args.push_max_series_per_metric,
+            max_series_per_writer=args.push_max_series_per_writer,
         )
         if args.active_standby:
             from kcms.apis.nodepush import NodePushAPI
@@ -109,9 +111,8 @@ class ServerProcess:
         for gv in CustomMetricsAPI([self.provider], objects).group_versions():
             self.server.install(gv)
         self.server.install(ExternalMetricsAPI([self.provider]).group_version())
-        self.push = PushAPI(writer, limits)
-        for method, path, handler in self.push.routes():
-            self.server.app.router.add_route(method, path, handler)
+        self.push = PushAPI(writer, limits, allow_nonresource_grant=args.push_allow_nonresource_grant)
+        self.push.install(self.server)  # authorized per target by the handler, with the server's authorizer
         self.server.add_check(
             "informer-sync",
             lambda: (True, "ok") if self.inventory.has_synced() else (False, "nodes and pods not listed yet"),

@@ -145,11 +145,13 @@ def build_pipeline(
     push = PushAPI(
         series,
         PushLimits(
-            max_series_total=args.push_max_series, max_series_per_metric=args.push_max_series_per_metric
+            max_series_total=args.push_max_series,
+            max_series_per_metric=args.push_max_series_per_metric,
+            max_series_per_writer=args.push_max_series_per_writer,
         ),
+        allow_nonresource_grant=args.push_allow_nonresource_grant,
     )
-    for method, path, handler in push.routes():
-        server.app.router.add_route(method, path, handler)
+    push.install(server)  # authorized per target by the handler, with the server's authorizer
     server.add_check("metric-collection-timely", collector.healthy, livez=True, readyz=False)
     server.add_check(
         "metric-storage-ready",

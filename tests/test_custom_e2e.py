@@ -113,10 +113,16 @@ async def test_push_needs_authentication_and_authorization(env: Env):
     status, body = await push(env, sample, token="nobody")
     assert status == 401 and body["kind"] == "Status"
     env.fake.authorize = lambda spec: (spec["user"] == "queue-reporter", "only the reporter pushes")
+    # authenticated: the sample's target is authorized, per item, as a write of the external metric
     status, body = await push(env, sample, token=READER)
-    assert status == 403 and body["reason"] == "Forbidden"
-    attrs = env.fake.access_reviews[-1]["spec"]["nonResourceAttributes"]
-    assert attrs == {"path": "/push/v1/samples", "verb": "post"}
+    assert status == 200 and body["accepted"] == 0 and body["rejected"] == {"forbidden": 1}
+    attrs = env.fake.access_reviews[-1]["spec"]["resourceAttributes"]
+    assert attrs == {
+        "namespace": "default",
+        "verb": "create",
+        "group": "external.metrics.k8s.io",
+        "resource": "x",
+    }
     status, body = await push(env, sample)
     assert status == 200 and body["accepted"] == 1
 

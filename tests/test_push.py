@@ -1,7 +1,9 @@
 """The push endpoint (kcms/apis/push.py): body parsing, per-sample refusals, cardinality limits and
 its counters against a real SeriesStore; then over real HTTPS on the aggregated API server with
-delegated authentication (TokenReview) and authorization (SubjectAccessReview) through the fake
-Kubernetes API, whose authorizer evaluates the ClusterRole shipped in deploy/examples/push-rbac.yaml."""
+delegated authentication (TokenReview) and per-target authorization (SubjectAccessReview) through the
+fake Kubernetes API, whose authorizer evaluates the Role shipped in deploy/examples/push-rbac.yaml
+(tests/_rbac.py). The hostile side of the push (cross-tenant writes, quotas, outages) is in
+tests/test_security_push.py."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _rbac as rbac
 import aiohttp
 import orjson
 import pytest
-import yaml
 from prometheus_client import REGISTRY
 
 from kcms.apis.push import PUSH_PATH, PushAPI, PushLimits, PushSample, parse_body
@@ -220,33 +222,9 @@ def test_series_ttl_defaults_to_the_store_retention() -> None:
 # ---- over HTTPS, authenticated and authorized ----------------------------------------------------------
 
 
-def rbac_authorizer(rbac_docs: list[dict]):
-    """A SubjectAccessReview decision from the ClusterRoleBindings/ClusterRoles of the example file:
-    non-resource rules only (the fake grants nothing else)."""
-    roles = {d["metadata"]["name"]: d for d in rbac_docs if d["kind"] == "ClusterRole"}
-    bindings = [d for d in rbac_docs if d["kind"] == "ClusterRoleBinding"]
-
-    def decide(spec: dict) -> tuple[bool, str]:
-        attrs = spec.get("nonResourceAttributes")
-        if attrs is None:
-            return False, "only non-resource requests are granted here"
-        user = spec.get("user", "")
-        for b in bindings:
-            subjects = {f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in b["subjects"]}
-            if user not in subjects:
-                continue
-            for rule in roles[b["roleRef"]["name"]]["rules"]:
-                if attrs["path"] in rule.get("nonResourceURLs", []) and attrs["verb"] in rule["verbs"]:
-                    return True, f"allowed by ClusterRoleBinding {b['metadata']['name']}"
-        return False, ""
-
-    return decide
-
-
 @pytest.fixture
 async def push_server(ca, fake_kube, tmp_path):
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
-    fake_kube.authorize = rbac_authorizer(docs)
+    fake_kube.authorize = rbac.authorizer(rbac.load(RBAC))
     fake_kube.tokens[PUSHER] = {"username": "system:serviceaccount:jobs:queue-reporter", "uid": "1"}
     fake_kube.tokens[READER] = {"username": "reader", "uid": "2"}
     kube = await KubeClient.load(str(fake_kube.kubeconfig))
@@ -257,8 +235,7 @@ async def push_server(ca, fake_kube, tmp_path):
         AuthnOptions(skip_lookup=True, token_reviewer=TokenReviewer(kube)),
         AuthzOptions(access_reviewer=AccessReviewer(kube)),
     )
-    for method, path, handler in push.routes():
-        server.app.router.add_route(method, path, handler)
+    push.install(server)
     await server.start()
     ctx = ssl.create_default_context(cafile=server.serving_cert_file)
     try:
@@ -281,7 +258,7 @@ async def post(
             return r.status, await r.json(content_type=None)
 
 
-async def test_push_over_https_is_authorized_as_a_non_resource_post(push_server) -> None:
+async def test_push_over_https_is_authorized_per_target(push_server) -> None:
     server, store, ctx, fake = push_server
     now = time.time()
     body = orjson.dumps(
@@ -293,17 +270,26 @@ async def test_push_over_https_is_authorized_as_a_non_resource_post(push_server)
     assert status == 200, answer
     assert answer["accepted"] == 1 and answer["rejected"] == {"non_finite_value": 1}
     assert answer["errors"][0]["index"] == 1
-    review = fake.access_reviews[-1]["spec"]
-    assert review["nonResourceAttributes"] == {"path": "/push/v1/samples", "verb": "post"}
+    [review] = [r["spec"] for r in fake.access_reviews]  # one target, one review
+    assert review["resourceAttributes"] == {
+        "namespace": "jobs",
+        "verb": "create",
+        "group": "external.metrics.k8s.io",
+        "resource": "queue_backlog",
+    }
     assert review["user"] == "system:serviceaccount:jobs:queue-reporter"
     sel = parse_label_selector("queue=emails")
     [r] = store.query("", "jobs", None, "queue_backlog", label_selector=sel)
     assert r.value == 42.0
 
-    # a user without the ClusterRole is forbidden, without a token unauthorized: nothing is stored
+    # a user without the Role: each sample refused (before its value is looked at); without a
+    # token: unauthorized. Nothing more is stored.
     status, answer = await post(server, ctx, body, token=READER)
-    assert status == 403 and answer["kind"] == "Status" and answer["reason"] == "Forbidden"
-    assert 'cannot post path "/push/v1/samples"' in answer["message"]
+    assert status == 200 and answer["accepted"] == 0 and answer["rejected"] == {"forbidden": 2}
+    assert answer["errors"][0]["message"] == (
+        'User "reader" cannot create resource "queue_backlog" in API group "external.metrics.k8s.io" '
+        'in the namespace "jobs"'
+    )
     status, answer = await post(server, ctx, body, token=None)
     assert status == 401 and answer["reason"] == "Unauthorized"
     assert store.stats()["points"] == 1
@@ -338,17 +324,17 @@ async def test_http_errors_are_status_objects(push_server) -> None:
 
     status, answer = await post(server, ctx, b"m 1", headers={"Content-Type": "text/plain"})
     assert status == 400 and answer["message"].startswith("malformed JSON")
-    status, answer = await post(server, ctx, None, method="GET")  # the role grants "post" only
-    assert status == 403 and 'cannot get path "/push/v1/samples"' in answer["message"]
+    status, answer = await post(server, ctx, None, method="GET")
+    assert status == 405 and answer["reason"] == "MethodNotAllowed"
     assert store.stats()["series"] == 0
 
 
 async def test_a_large_push_is_stored_in_batches_with_the_right_indices(push_server) -> None:
-    server, store, ctx, _ = push_server
+    server, store, ctx, fake = push_server
     now = time.time()
     samples: list[dict[str, Any]] = [
         {
-            "metric": "m",
+            "metric": "http_requests_total",
             "resource": "pods",
             "namespace": "jobs",
             "name": f"p-{i}",
@@ -367,4 +353,8 @@ async def test_a_large_push_is_stored_in_batches_with_the_right_indices(push_ser
         (1500, "non_finite_value"),
         (2400, "invalid_metric_name"),
     ]
-    assert len(store.query("pods", "jobs", None, "m")) == 2498
+    assert len(store.query("pods", "jobs", None, "http_requests_total")) == 2498
+    # 2500 pods of one resource and metric in one namespace: one review for all names
+    [review] = [r["spec"]["resourceAttributes"] for r in fake.access_reviews]
+    assert review == {"namespace": "jobs", "verb": "create", "group": "custom.metrics.k8s.io",
+                      "resource": "pods", "subresource": "http_requests_total"}  # fmt: skip

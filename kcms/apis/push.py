@@ -18,25 +18,41 @@ A malformed body (bad JSON, a field of the wrong type, an unknown field) is refu
 a 400 ``Status`` naming the field; a body over the size limit with a 413. Everything else is
 decided sample by sample: a refused sample is counted under its reason and never fails the others.
 
-Cardinality: a *new* series (metric + object + labels) beyond ``max_series_per_metric`` or
-``max_series_total`` is refused (counted and logged); series already known keep accepting points,
-and every other series keeps being served. A series that received no point for ``series_ttl``
-seconds (default: the store's retention; checked every ``series_ttl / 16``) no longer counts
-against the limits.
-
-Access: the API server's middleware authenticates every request and authorizes it with a
-SubjectAccessReview. ``/push/v1/samples`` is not under ``/apis``, so it is a non-resource request
-with the HTTP verb in lower case; a pusher needs::
+Access: the API server's middleware authenticates every request (no credential, or the anonymous
+user: 401) and leaves ``/push/v1/samples`` to this handler, which authorizes every distinct target
+of the push once (:mod:`kcms.apis.pushauth`): a SubjectAccessReview with verb ``create`` on the
+target as a read of it is checked — group ``custom.metrics.k8s.io``, resource = the object's
+group-resource, name = the object's name, subresource = the metric; for an external metric group
+``external.metrics.k8s.io``, resource = the metric — in the target's namespace. A sample whose
+target is denied is refused as ``forbidden``; one whose review could not be made (API server
+unreachable) as ``authorization_error``; the others are stored. A Role in one namespace grants
+pushes to that namespace only::
 
     apiVersion: rbac.authorization.k8s.io/v1
-    kind: ClusterRole
-    metadata: {name: kcms-metrics-pusher}
+    kind: Role
+    metadata: {name: kcms-metrics-pusher, namespace: jobs}
     rules:
-      - nonResourceURLs: ["/push/v1/samples"]
-        verbs: ["post"]
+      - apiGroups: ["custom.metrics.k8s.io"]
+        resources: ["pods/queue_depth", "deployments.apps/queue_depth"]  # <resource>/<metric>, or "*"
+        verbs: ["create"]
+      - apiGroups: ["external.metrics.k8s.io"]
+        resources: ["queue_backlog"]  # the external metric's name
+        verbs: ["create"]
 
-bound with a ClusterRoleBinding (non-resource rules only take effect from cluster bindings). Note
-that this grant lets a pusher write samples for any namespace and object.
+bound with a RoleBinding in ``jobs`` (``resourceNames`` may narrow it to some objects). Metrics
+about cluster-scoped objects (``nodes``, ``namespaces``) need a ClusterRole and ClusterRoleBinding.
+The old grant, the non-resource ``post`` on ``/push/v1/samples`` (a ClusterRole with
+``nonResourceURLs``), lets its holder write any target; it counts only with
+``--push-allow-nonresource-grant`` (off by default) and otherwise gives nothing.
+
+Cardinality (:mod:`kcms.apis.quota`): a *new* series (metric + object + labels) is refused when its
+writer (the authenticated user; a ServiceAccount is ``system:serviceaccount:<ns>:<name>``) already
+created ``max_series_per_writer`` series (``series_limit_writer``), its metric has
+``max_series_per_metric`` (``series_limit_metric``) or ``max_series_total`` exist
+(``series_limit_total``); each refusal is counted and logged. Series already known keep accepting
+points, and every other series keeps being served. A series that received no point for
+``series_ttl`` seconds (default: the store's retention; checked every ``series_ttl / 16``) no longer
+counts against the limits.
 """
 
 from __future__ import annotations
@@ -46,7 +62,6 @@ import logging
 import math
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,12 +70,17 @@ import orjson
 from aiohttp import web
 from prometheus_client import Counter
 
-from kcms.apiserver import StatusError, bad_request
+from kcms import limits
+from kcms.apiserver import USER, StatusError, bad_request, unauthorized
+from kcms.apiserver.authz import AccessAuthorizer
 from kcms.apiserver.discovery import Route
 from kcms.apiserver.responses import json_response
 from kcms.httpbody import BodyTooLarge, read_body
-from kcms.model import Labels, ObjectRef
+from kcms.model import Labels, ObjectRef, UserInfo
 from kcms.selectors import validate_label_key
+
+from .pushauth import AUTHORIZATION_ERROR, FORBIDDEN, Target, TargetAuthorizer
+from .quota import SERIES_LIMIT_METRIC, SERIES_LIMIT_TOTAL, SERIES_LIMIT_WRITER, SeriesQuota
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +89,10 @@ PUSH_PATH = "/push/v1/samples"
 SAMPLES = Counter("kcms_push_samples", "Pushed samples, by result (accepted, rejected).", ["result"])
 REJECTED = Counter(
     "kcms_push_rejected",
-    "Pushed samples refused, by reason (invalid_metric_name, invalid_object, invalid_label_name, "
-    "too_many_labels, label_value_too_long, non_finite_value, future_timestamp, too_old, out_of_order, "
-    "series_limit_metric, series_limit_total, store_refused).",
+    "Pushed samples refused, by reason (invalid_metric_name, metric_name_too_long, invalid_object, "
+    "forbidden, authorization_error, invalid_label_name, too_many_labels, label_value_too_long, "
+    "non_finite_value, future_timestamp, too_old, out_of_order, series_limit_writer, series_limit_metric, "
+    "series_limit_total, store_refused).",
     ["reason"],
 )
 
@@ -85,9 +106,20 @@ NON_FINITE_VALUE = "non_finite_value"
 FUTURE_TIMESTAMP = "future_timestamp"
 TOO_OLD = "too_old"
 OUT_OF_ORDER = "out_of_order"
-SERIES_LIMIT_METRIC = "series_limit_metric"
-SERIES_LIMIT_TOTAL = "series_limit_total"
 STORE_REFUSED = "store_refused"
+__all__ = [  # the reasons of the other modules are re-exported: one place lists every push refusal
+    "AUTHORIZATION_ERROR",
+    "FORBIDDEN",
+    "PUSH_PATH",
+    "SERIES_LIMIT_METRIC",
+    "SERIES_LIMIT_TOTAL",
+    "SERIES_LIMIT_WRITER",
+    "PushAPI",
+    "PushLimits",
+    "PushSample",
+    "PushSummary",
+    "parse_body",
+]
 
 _METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
@@ -114,7 +146,8 @@ class PushLimits:
     max_label_value_length: int = 128
     max_series_per_metric: int = 10_000  # distinct pushed series of one metric name
     max_series_total: int = 100_000  # distinct pushed series
-    max_future_skew: float = 60.0  # how far ahead of this server's clock a timestamp may be
+    max_series_per_writer: int = 10_000  # distinct pushed series created by one authenticated writer
+    max_future_skew: float | None = None  # seconds ahead of this server's clock; None: --max-future-skew
     series_ttl: float | None = None  # seconds without a point before a series stops counting; None: retention
 
 
@@ -253,16 +286,21 @@ def _object_problem(s: PushSample) -> str | None:
 
 
 class PushAPI:
-    """The push endpoint over a series store. Mount :meth:`routes` on the API server's ``app``."""
+    """The push endpoint over a series store. Mount it with :meth:`install` (or :meth:`routes`)."""
 
     def __init__(
         self,
         store: SampleSink,
         limits: PushLimits | None = None,
         *,
+        authorizer: AccessAuthorizer | None = None,
+        allow_nonresource_grant: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock`` (monotonic seconds) times how long a series has gone without a point."""
+        """``authorizer`` decides each target of an HTTP push (the API server's ``Authorizer``;
+        :meth:`install` takes the server's when none is given; without one every target is refused).
+        ``allow_nonresource_grant`` lets the legacy non-resource grant write anywhere.
+        ``clock`` (monotonic seconds) times how long a series has gone without a point."""
         self.store = store
         self.clock = clock
         self.limits = limits or PushLimits()
@@ -270,29 +308,49 @@ class PushAPI:
         self.retention: float | None = float(retention) if retention is not None else None
         ttl = self.limits.series_ttl
         self.series_ttl = float(ttl if ttl is not None else (self.retention or 600.0))
-        # metric -> hash((metric, object, labels)) -> clock time of the series' last accepted point,
-        # least recent first. Hashes, not the keys, keep this index small (the store holds the keys);
-        # two series colliding on a 64-bit hash would only count once against the limits.
-        self._series: dict[str, OrderedDict[int, float]] = {}
-        self._total = 0
-        self._next_expiry = -math.inf
+        self.quota = SeriesQuota(
+            max_total=self.limits.max_series_total,
+            max_per_writer=self.limits.max_series_per_writer,
+            max_per_metric=self.limits.max_series_per_metric,
+            ttl=self.series_ttl,
+            clock=clock,
+        )
+        self.targets = TargetAuthorizer(
+            authorizer, path=PUSH_PATH, allow_nonresource_grant=allow_nonresource_grant
+        )
         self._last_log: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
-        """``[(method, path, handler)]`` to add to the server's router (full paths)."""
+        """``[(method, path, handler)]`` to add to the server's router (full paths). The server must
+        also leave the path's authorization to the handler (:meth:`install` does both)."""
         return [("POST", PUSH_PATH, self.handle)]
 
-    def series_count(self, metric: str | None = None) -> int:
-        """How many pushed series count against the limits (of one metric, or in total)."""
-        self._expire(self.clock(), force=True)
-        if metric is None:
-            return self._total
-        known = self._series.get(metric)
-        return len(known) if known is not None else 0
+    def install(self, server: Any) -> None:
+        """Mount on an ``AggregatedAPIServer`` (before it starts): the route, the path authorized by
+        this handler per target instead of by the middleware, and the server's authorizer."""
+        for method, path, handler in self.routes():
+            server.app.router.add_route(method, path, handler)
+        paths = server.authz_options.handler_authorized_paths
+        if PUSH_PATH not in paths:
+            paths.append(PUSH_PATH)
+        if self.targets.authorizer is None:
+            self.targets.authorizer = server.authorizer
+
+    def series_count(self, metric: str | None = None, writer: str | None = None) -> int:
+        """How many pushed series count against the limits (of one metric, one writer, or in total)."""
+        return self.quota.count(writer=writer, metric=metric)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``POST /push/v1/samples``."""
+        user = request.get(USER)
+        # Identity comes from the credential: an anonymous caller can own no quota and no grant.
+        if (
+            not isinstance(user, UserInfo)
+            or user.name == "system:anonymous"
+            or ("system:unauthenticated" in user.groups)
+        ):
+            raise unauthorized()
         body = await self._read_limited(request)
         samples = parse_body(body)
         if len(samples) > self.limits.max_samples:
@@ -301,12 +359,14 @@ class PushAPI:
                 "RequestEntityTooLarge",
                 f"{len(samples)} samples in one request; at most {self.limits.max_samples} are accepted",
             )
+        targets = {_target(s) for s in samples if _valid_target(s)}
+        refusals = await self.targets.refusals(user, targets)
         summary = PushSummary()
         wall = time.time()
         for start in range(0, len(samples), _BATCH):
             if start:
                 await asyncio.sleep(0)  # let other requests run between batches of a large push
-            self._ingest_batch(samples[start : start + _BATCH], start, wall, summary)
+            self._ingest_batch(samples[start : start + _BATCH], start, wall, summary, user.name, refusals)
         return json_response(request, summary.body())
 
     async def _read_limited(self, request: web.Request) -> bytes:
@@ -315,20 +375,28 @@ class PushAPI:
         except BodyTooLarge as e:
             raise StatusError(413, "RequestEntityTooLarge", str(e)) from None
 
-    def ingest(self, samples: Iterable[PushSample], now: float | None = None) -> PushSummary:
-        """Check and store samples one by one; return what was accepted and why others were not."""
+    def ingest(
+        self, samples: Iterable[PushSample], now: float | None = None, *, writer: str = ""
+    ) -> PushSummary:
+        """Check and store samples one by one (no authorization: for callers inside the process);
+        return what was accepted and why others were not. ``writer`` owns the new series."""
         summary = PushSummary()
-        self._ingest_batch(samples, 0, time.time() if now is None else now, summary)
+        self._ingest_batch(samples, 0, time.time() if now is None else now, summary, writer, None)
         return summary
 
     def _ingest_batch(
-        self, samples: Iterable[PushSample], first: int, wall: float, summary: PushSummary
+        self,
+        samples: Iterable[PushSample],
+        first: int,
+        wall: float,
+        summary: PushSummary,
+        writer: str,
+        refusals: dict[Target, tuple[str, str]] | None,
     ) -> None:
         mono = self.clock()
-        self._expire(mono)
         accepted = rejected = 0
         for i, s in enumerate(samples, first):
-            reason, message = self._ingest_one(s, wall, mono)
+            reason, message = self._ingest_one(s, wall, mono, writer, refusals)
             if reason is None:
                 accepted += 1
             else:
@@ -339,13 +407,27 @@ class PushAPI:
         SAMPLES.labels("accepted").inc(accepted)
         SAMPLES.labels("rejected").inc(rejected)
 
-    def _ingest_one(self, s: PushSample, wall: float, mono: float) -> tuple[str | None, str]:
+    def _ingest_one(
+        self,
+        s: PushSample,
+        wall: float,
+        mono: float,
+        writer: str,
+        refusals: dict[Target, tuple[str, str]] | None,
+    ) -> tuple[str | None, str]:
         lim = self.limits
+        too_long = limits.metric_name_problem(s.metric)
+        if too_long:
+            return too_long
         if not _METRIC_RE.fullmatch(s.metric):
             return INVALID_METRIC_NAME, f"metric name {s.metric[:80]!r} must match [a-zA-Z_:][a-zA-Z0-9_:]*"
         problem = _object_problem(s)
         if problem:
             return INVALID_OBJECT, problem
+        if refusals:  # before anything else about the sample: a refused writer learns nothing more
+            refused = refusals.get(_target(s))
+            if refused is not None:
+                return refused
         if len(s.labels) > lim.max_labels:
             return TOO_MANY_LABELS, f"{len(s.labels)} labels, at most {lim.max_labels} are allowed"
         for k, v in s.labels.items():
@@ -359,63 +441,44 @@ class PushAPI:
                 )
         if not math.isfinite(s.value):
             return NON_FINITE_VALUE, f"value {s.value} is not a finite number"
+        skew = limits.max_future_skew() if lim.max_future_skew is None else lim.max_future_skew
         ts = wall if s.timestamp is None else s.timestamp
-        if not math.isfinite(ts) or ts > wall + lim.max_future_skew:
-            return FUTURE_TIMESTAMP, f"timestamp {ts} is more than {lim.max_future_skew:g}s in the future"
+        if not math.isfinite(ts) or ts > wall + skew:
+            return FUTURE_TIMESTAMP, f"timestamp {ts} is more than {skew:g}s in the future"
         if self.retention is not None and ts < wall - self.retention:
             return TOO_OLD, f"timestamp {ts} is older than the retention ({self.retention:g}s)"
 
         obj = ObjectRef(s.resource, s.namespace, s.name)
         labels: Labels = tuple(sorted(s.labels.items()))
         key = hash((s.metric, obj, labels))
-        known_series = self._series.get(s.metric)
-        known = known_series is not None and key in known_series
-        if not known:
-            if known_series is not None and len(known_series) >= lim.max_series_per_metric:
-                self._log_limit(SERIES_LIMIT_METRIC, s.metric, lim.max_series_per_metric)
-                return SERIES_LIMIT_METRIC, (
-                    f"metric {s.metric!r} already has {lim.max_series_per_metric} series; no new one is accepted"
-                )
-            if self._total >= lim.max_series_total:
-                self._log_limit(SERIES_LIMIT_TOTAL, s.metric, lim.max_series_total)
-                return (
-                    SERIES_LIMIT_TOTAL,
-                    f"{lim.max_series_total} pushed series exist; no new one is accepted",
-                )
+        over = self.quota.check(writer, s.metric, key)
+        if over is not None:
+            return over, self._over_limit(over, writer, s.metric)
         try:
             stored = self.store.append(s.metric, obj, labels, ts, s.value)
         except ValueError as e:  # the store's own checks (not expected after ours)
             return STORE_REFUSED, str(e)
         if not stored:
             return OUT_OF_ORDER, f"timestamp {ts} is not newer than the series' last point"
-        if known_series is None:
-            known_series = self._series[s.metric] = OrderedDict()
-        if known:
-            known_series.move_to_end(key)
-        else:
-            self._total += 1
-        known_series[key] = mono
+        self.quota.record(writer, s.metric, key, mono)
         return None, ""
 
-    def _expire(self, mono: float, force: bool = False) -> None:
-        """Forget series without a point for ``series_ttl``: least recently pushed first, so the cost
-        is the number forgotten plus the number of metrics, paid at most every ``series_ttl / 16``."""
-        if mono < self._next_expiry and not force:
-            return
-        self._next_expiry = mono + self.series_ttl / 16
-        horizon = mono - self.series_ttl
-        for metric in list(self._series):
-            known = self._series[metric]
-            while known:
-                key, last = next(iter(known.items()))
-                if last >= horizon:
-                    break
-                del known[key]
-                self._total -= 1
-            if not known:
-                del self._series[metric]
+    def _over_limit(self, reason: str, writer: str, metric: str) -> str:
+        """Log (rate-limited) and explain a refused new series."""
+        lim = self.limits
+        if reason == SERIES_LIMIT_WRITER:
+            limit = lim.max_series_per_writer
+            message = f"{limits.printable(writer, 80)} already created {limit} series; no new one is accepted from it"
+        elif reason == SERIES_LIMIT_METRIC:
+            limit = lim.max_series_per_metric
+            message = f"metric {metric!r} already has {limit} series; no new one is accepted"
+        else:
+            limit = lim.max_series_total
+            message = f"{limit} pushed series exist; no new one is accepted"
+        self._log_limit(reason, metric, limit, writer)
+        return message
 
-    def _log_limit(self, reason: str, metric: str, limit: int) -> None:
+    def _log_limit(self, reason: str, metric: str, limit: int, writer: str) -> None:
         """Log a cardinality refusal, at most once per reason every few seconds (with the count since)."""
         now = time.monotonic()
         self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
@@ -424,9 +487,24 @@ class PushAPI:
         count = self._unlogged.pop(reason)
         self._last_log[reason] = now
         log.warning(
-            "push: refused %d new series (%s, limit %d), e.g. of metric %r; existing series still accept points",
+            "push: refused %d new series (%s, limit %d), e.g. of metric %s from %s; existing series still "
+            "accept points",
             count,
             reason,
             limit,
-            metric,
+            limits.printable(metric, 80),
+            limits.printable(writer, 80),
         )
+
+
+def _target(s: PushSample) -> Target:
+    return (s.metric, s.resource, s.namespace, s.name)
+
+
+def _valid_target(s: PushSample) -> bool:
+    """Whether the sample names a target worth a review (malformed ones are refused for that)."""
+    return (
+        limits.metric_name_problem(s.metric) is None
+        and _METRIC_RE.fullmatch(s.metric) is not None
+        and _object_problem(s) is None
+    )

@@ -25,12 +25,15 @@ class AuthzOptions:
     """Authorization settings (the kube ``--authorization-always-allow-paths`` etc.).
 
     A path ending in ``*`` is a prefix. ``allow_all`` (demos only) allows every authenticated request.
+    ``handler_authorized_paths`` (exact paths) require authentication only: their handler authorizes
+    each item it is asked to do (the metric push decides per target, ``kcms.apis.pushauth``).
     """
 
     access_reviewer: AccessAuthorizer | None = None
     always_allow_paths: list[str] = field(default_factory=lambda: ["/healthz", "/readyz", "/livez"])
     always_allow_groups: list[str] = field(default_factory=lambda: ["system:masters"])
     allow_all: bool = False
+    handler_authorized_paths: list[str] = field(default_factory=list)
 
 
 def path_always_allowed(path: str, patterns: list[str]) -> bool:
@@ -80,6 +83,10 @@ class Authorizer:
     def always_allowed_path(self, path: str) -> bool:
         """Whether the path skips authentication failures and authorization."""
         return path_always_allowed(path, self.opts.always_allow_paths)
+
+    def handler_authorizes(self, path: str) -> bool:
+        """Whether the path's handler authorizes its request itself (authentication still required)."""
+        return path in self.opts.handler_authorized_paths
 
     async def authorize(self, user: UserInfo, attrs: RequestAttributes) -> tuple[bool, str]:
         """(allowed, reason); raises a 500 :class:`StatusError` when the reviewer fails."""
