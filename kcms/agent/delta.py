@@ -9,7 +9,10 @@ A point whose time is not after the previous point of its stream is a retry or a
 adding it would count it twice, so it is refused (``delta_out_of_order``) and the total is unchanged.
 Totals of streams silent for ``idle`` seconds are forgotten (the series then restart from zero, which
 readers of counters treat as a reset), and at most ``max_series`` totals are kept: beyond, new
-streams are refused (``delta_limit``).
+streams are refused (``delta_limit``). The receiver checks a point against its sender's series budget
+(:class:`kcms.agent.otlp_bind.SenderSeries`, which remembers a series at least as long as these
+totals do) before it reaches :meth:`DeltaTotals.accumulate`, so one sender holds at most its budget of
+totals and cannot use up ``max_series`` for the other pods of the node.
 """
 
 from __future__ import annotations

@@ -275,6 +275,7 @@ class _Receiver:
         node_name: str,
         allow_unbound: bool,
         budget: SenderSeries,
+        totals: DeltaTotals,
     ) -> None:
         self.sink = sink
         self.limit = max_body_bytes
@@ -284,7 +285,7 @@ class _Receiver:
         self.allow_unbound = allow_unbound
         self.budget = budget
         self.declare: Callable[[str, str], None] | None = getattr(sink, "declare", None)
-        self.totals = DeltaTotals()
+        self.totals = totals
         self._last_log: dict[str, float] = {}
 
     def sender(self, request: web.Request) -> Sender | None:
@@ -420,7 +421,11 @@ def otlp_routes(
     Senders are bound to the pods of ``pods`` (this node, ``node_name``); without ``pods`` no sender
     is bound. Unbound senders are refused unless ``allow_unbound`` (then their attributes are
     trusted). A sender keeps at most ``max_series_per_sender`` series alive, each forgotten
-    ``series_idle`` seconds after its last point (the buffer's retention)."""
-    budget = SenderSeries(max_series_per_sender, series_idle)
-    receiver = _Receiver(sink, max_body_bytes, clock, pods, node_name, allow_unbound, budget)
+    ``series_idle`` seconds (the buffer's retention) after its last point, or when the delta totals
+    forget it if that is later."""
+    totals = DeltaTotals()
+    # A series counts against its sender while the buffer or the delta totals remember it: a
+    # sender's running totals are then bounded by its budget too, not only by the global limit.
+    budget = SenderSeries(max_series_per_sender, max(series_idle, totals.idle))
+    receiver = _Receiver(sink, max_body_bytes, clock, pods, node_name, allow_unbound, budget, totals)
     return [("POST", OTLP_METRICS_PATH, receiver.handle)]
