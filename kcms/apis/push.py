@@ -25,7 +25,8 @@ target as a read of it is checked — group ``custom.metrics.k8s.io``, resource 
 group-resource, name = the object's name, subresource = the metric; for an external metric group
 ``external.metrics.k8s.io``, resource = the metric — in the target's namespace. A sample whose
 target is denied is refused as ``forbidden``; one whose review could not be made (API server
-unreachable) as ``authorization_error``; the others are stored. A Role in one namespace grants
+unreachable) as ``authorization_error``; one needing a review beyond ``max_target_reviews`` for
+this push as ``too_many_targets``; the others are stored. A Role in one namespace grants
 pushes to that namespace only::
 
     apiVersion: rbac.authorization.k8s.io/v1
@@ -79,7 +80,7 @@ from kcms.httpbody import BodyTooLarge, read_body
 from kcms.model import Labels, ObjectRef, UserInfo
 from kcms.selectors import validate_label_key
 
-from .pushauth import AUTHORIZATION_ERROR, FORBIDDEN, Target, TargetAuthorizer
+from .pushauth import AUTHORIZATION_ERROR, FORBIDDEN, TOO_MANY_TARGETS, Target, TargetAuthorizer
 from .quota import SERIES_LIMIT_METRIC, SERIES_LIMIT_TOTAL, SERIES_LIMIT_WRITER, SeriesQuota
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ SAMPLES = Counter("kcms_push_samples", "Pushed samples, by result (accepted, rej
 REJECTED = Counter(
     "kcms_push_rejected",
     "Pushed samples refused, by reason (invalid_metric_name, metric_name_too_long, invalid_object, "
-    "forbidden, authorization_error, invalid_label_name, too_many_labels, label_value_too_long, "
+    "forbidden, authorization_error, too_many_targets, invalid_label_name, too_many_labels, label_value_too_long, "
     "non_finite_value, future_timestamp, too_old, out_of_order, series_limit_writer, series_limit_metric, "
     "series_limit_total, store_refused).",
     ["reason"],
@@ -114,6 +115,7 @@ __all__ = [  # the reasons of the other modules are re-exported: one place lists
     "SERIES_LIMIT_METRIC",
     "SERIES_LIMIT_TOTAL",
     "SERIES_LIMIT_WRITER",
+    "TOO_MANY_TARGETS",
     "PushAPI",
     "PushLimits",
     "PushSample",
@@ -147,6 +149,7 @@ class PushLimits:
     max_series_per_metric: int = 10_000  # distinct pushed series of one metric name
     max_series_total: int = 100_000  # distinct pushed series
     max_series_per_writer: int = 10_000  # distinct pushed series created by one authenticated writer
+    max_target_reviews: int = 1000  # access reviews one push may need; targets beyond: too_many_targets
     max_future_skew: float | None = None  # seconds ahead of this server's clock; None: --max-future-skew
     series_ttl: float | None = None  # seconds without a point before a series stops counting; None: retention
 
@@ -316,7 +319,10 @@ class PushAPI:
             clock=clock,
         )
         self.targets = TargetAuthorizer(
-            authorizer, path=PUSH_PATH, allow_nonresource_grant=allow_nonresource_grant
+            authorizer,
+            path=PUSH_PATH,
+            allow_nonresource_grant=allow_nonresource_grant,
+            max_reviews=self.limits.max_target_reviews,
         )
         self._last_log: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}

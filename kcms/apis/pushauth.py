@@ -18,7 +18,11 @@ and reads). When one push names at least ``probe_min_names`` objects of the same
 in one namespace, the review is first asked without a name (an empty name means "all names" to the
 authorizer); if that is allowed, no per-name review is needed. Reviews run a few at a time; after
 the first failed review (API server unreachable), the remaining targets of the push are refused as
-``authorization_error`` without asking, so an outage costs a handful of attempts per push.
+``authorization_error`` without asking, so an outage costs a handful of attempts per push. At most
+``max_reviews`` reviews are asked for one push (probes included): the targets beyond are refused as
+``too_many_targets``, so one request cannot turn into thousands of reviews for the API server (a
+push about many objects that a Role grants without ``resourceNames`` needs one probe, not a review
+per object).
 
 The legacy grant — the non-resource ``post`` on the push path, which lets its holder write any
 target — counts only when ``allow_nonresource_grant`` is set (``--push-allow-nonresource-grant``).
@@ -47,13 +51,14 @@ VERB = "create"
 # Refusal reasons (stable: Prometheus label values and answer keys).
 FORBIDDEN = "forbidden"
 AUTHORIZATION_ERROR = "authorization_error"
+TOO_MANY_TARGETS = "too_many_targets"
 
 Target = tuple[str, str, str, str]  # (metric, resource, namespace, name)
 
 DECISIONS = Counter(
     "kcms_push_authorizations",
-    "Per-target authorization decisions of pushes (allowed, denied, error), and pushes let through "
-    "whole by the legacy non-resource grant (nonresource_grant).",
+    "Per-target authorization decisions of pushes (allowed, denied, error, too_many_targets), and "
+    "pushes let through whole by the legacy non-resource grant (nonresource_grant).",
     ["decision"],
 )
 
@@ -94,6 +99,7 @@ class TargetAuthorizer:
         allow_nonresource_grant: bool = False,
         concurrency: int = 8,
         probe_min_names: int = 4,
+        max_reviews: int = 1000,
     ) -> None:
         """``authorizer``: the API server's ``Authorizer`` (privileged groups, then the cached
         SubjectAccessReview reviewer); None refuses every target."""
@@ -102,6 +108,7 @@ class TargetAuthorizer:
         self.allow_nonresource_grant = allow_nonresource_grant
         self.concurrency = max(1, concurrency)
         self.probe_min_names = max(2, probe_min_names)
+        self.max_reviews = max(1, max_reviews)
 
     async def refusals(self, user: UserInfo, targets: Collection[Target]) -> dict[Target, tuple[str, str]]:
         """``{target: (reason, message)}`` for the targets ``user`` may not write; the others may be."""
@@ -118,7 +125,7 @@ class TargetAuthorizer:
         for t in targets:
             if t[1]:
                 groups.setdefault(t[:3], []).append(t)
-        probes = [ts for ts in groups.values() if len(ts) >= self.probe_min_names]
+        probes = [ts for ts in groups.values() if len(ts) >= self.probe_min_names][: self.max_reviews]
         pending = set(targets)
         out: dict[Target, tuple[str, str]] = {}
         if probes:
@@ -131,6 +138,18 @@ class TargetAuthorizer:
             if error is not None:  # no point asking per name now
                 return self._failed(user, pending, out, error)
         ordered = sorted(pending)  # the same order every time: reproducible answers and logs
+        budget = self.max_reviews - len(probes)
+        if len(ordered) > budget:
+            over = ordered[budget:]
+            ordered = ordered[:budget]
+            pending.difference_update(over)
+            DECISIONS.labels("too_many_targets").inc(len(over))
+            message = (
+                f"this push needs more than {self.max_reviews} access reviews; send fewer distinct targets "
+                "per push, or get a grant without resourceNames for the objects of one resource and metric"
+            )
+            for t in over:
+                out[t] = (TOO_MANY_TARGETS, message)
         answers, error = await self._ask(user, [target_attributes(t, self.path) for t in ordered])
         denied = 0
         for t, answer in zip(ordered, answers, strict=True):
