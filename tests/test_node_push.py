@@ -309,6 +309,40 @@ async def test_connection_errors_move_on_and_4xx_ends_the_round(make_server, pki
         await rep.stop()
 
 
+async def test_a_token_rotated_during_a_push_is_retried_once_and_no_token_sends_nothing(
+    make_server, pki, fake_kube
+) -> None:
+    server = await make_server()
+    # the kubelet swaps the projected token file while a push with the old one is in flight: the old
+    # one is no longer valid by the time the server reviews it
+    reads = iter(["expired-token", AGENT_TOKEN, AGENT_TOKEN, "", ""])
+    rep = PushReporter(
+        [server.url],
+        interval=3600,
+        timeout=5,
+        token_source=lambda: next(reads),
+        ca_file=pki[0],
+        collect=SimulatedNode().collect,
+    )
+    rejected = value("kcms_agent_pushes_total", endpoint=server.url, outcome="rejected")
+    accepted = value("kcms_agent_pushes_total", endpoint=server.url, outcome="accepted")
+    try:
+        assert await rep.push_once()
+        assert value("kcms_agent_pushes_total", endpoint=server.url, outcome="rejected") == rejected + 1
+        assert value("kcms_agent_pushes_total", endpoint=server.url, outcome="accepted") == accepted + 1
+        reviews = [r["spec"]["token"] for r in fake_kube.token_reviews]
+        assert reviews[-2:] == ["expired-token", AGENT_TOKEN]
+        # an empty token file: nothing is sent (an anonymous push would only be refused)
+        no_token = value("kcms_agent_pushes_total", endpoint=server.url, outcome="no_token")
+        received = value("kcms_push_node_requests_total", outcome="accepted")
+        assert not await rep.push_once()
+        assert value("kcms_agent_pushes_total", endpoint=server.url, outcome="no_token") == no_token + 1
+        assert value("kcms_push_node_requests_total", outcome="accepted") == received
+        assert len(fake_kube.token_reviews) == len(reviews)
+    finally:
+        await rep.stop()
+
+
 async def test_a_push_over_the_size_limit_is_retried_with_the_newest_points_only(make_server, pki) -> None:
     server = await make_server(max_body_bytes=64 * 1024)
     buffer = SampleBuffer()
@@ -517,6 +551,20 @@ async def test_bad_input_is_refused_with_status_objects(make_server, pki) -> Non
 # ---- the agent command line --------------------------------------------------------------------------
 
 
+def project_token(directory: Path, token: str, generation: int) -> None:
+    """Write ``token`` the way the kubelet updates a projected volume: a new timestamped directory,
+    then an atomic swap of the ``..data`` symlink (``token`` is a symlink to ``..data/token``)."""
+    directory.mkdir(exist_ok=True)
+    data = directory / f"..2026_11_23_{generation:02d}"
+    data.mkdir()
+    (data / "token").write_text(token)
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(data.name)
+    tmp.replace(directory / "..data")
+    if not (directory / "token").is_symlink():
+        (directory / "token").symlink_to("..data/token")
+
+
 def run_agent(*args: str) -> tuple[int, str]:
     result = subprocess.run(
         [
@@ -579,8 +627,10 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
     # the agent pod's bound token names its node
     extra = {NODE_NAME_EXTRA: [sim_node.name]}
     fake_kube.tokens["sim-agent-token"] = {"username": AGENT_USER, "uid": "3", "extra": extra}
-    token_file = tmp_path / "token"
-    token_file.write_text("sim-agent-token\n")
+    # laid out as the kubelet projects a token: token -> ..data/token, ..data -> a timestamped dir
+    projected = tmp_path / "push-token"
+    project_token(projected, "sim-agent-token", 1)
+    token_file = projected / "token"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         listen_port = s.getsockname()[1]
@@ -631,6 +681,19 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
         assert standby.resources.stats() == (0, 0, 0)
         status, body = await get_status(active, ca_file)
         assert body["nodes"] == {"fresh": 1, "stale": []}
+
+        # the kubelet rotates the token: the agent pushes with the new one from its next push on
+        fake_kube.tokens["sim-agent-token-2"] = {"username": AGENT_USER, "uid": "3", "extra": extra}
+        project_token(projected, "sim-agent-token-2", 2)
+        del fake_kube.tokens["sim-agent-token"]
+        reviewed = len(fake_kube.token_reviews)
+        while not any(r["spec"]["token"] == "sim-agent-token-2" for r in fake_kube.token_reviews[reviewed:]):
+            assert loop.time() < deadline + 30, "the agent never pushed with the rotated token"
+            await asyncio.sleep(0.1)
+        stored = value("kcms_push_nodes_stored_total")
+        while value("kcms_push_nodes_stored_total") == stored:
+            assert loop.time() < deadline + 30, "no push was accepted after the rotation"
+            await asyncio.sleep(0.1)
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)

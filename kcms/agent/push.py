@@ -6,7 +6,15 @@ Endpoints: the one that accepted the last push is tried first, then the others i
 A ``503`` (a standby server), a connection error, a timeout or another 5xx moves on to the next
 endpoint; any other 4xx (a bad token, a missing RBAC grant, a body the server refuses) is logged and
 counted and the round ends there: retrying elsewhere would not help. The bearer token is read again
-before every push (service-account tokens rotate).
+before every push: the kubelet rotates a projected ServiceAccount token file (at 80% of its
+``expirationSeconds``, swapping it atomically). A ``401`` answered to a token that has changed on disk
+since it was read is retried once at once with the new one. A token source that yields nothing (a
+missing or empty file) sends nothing: an anonymous push would only be refused (``no_token``).
+
+The server binds each push to the node the credential names (:mod:`kcms.apis.nodebinding`), so the
+token must be the agent pod's own bound ServiceAccount token (its node claim, or its pod claim); the
+``refused`` count of an answer covers readings and samples the server would not take from this node
+(another node's, pods the server's inventory does not place here, bounds).
 
 Custom series: a push carries the points of the agent's buffer newer than the newest timestamp the
 last accepted push carried (the buffer's ``since``), and names the server's ``X-KCMS-Push-Epoch``
@@ -18,7 +26,9 @@ once to the same endpoint.
 Counter ``kcms_agent_pushes_total{endpoint, outcome}``; outcomes: ``accepted``, ``standby`` (503),
 ``unreachable`` (connection error or timeout), ``server_error`` (another 5xx), ``epoch_changed``
 (409: the whole buffer follows), ``too_large`` (413: retried at once with only the newest point of
-each series), ``rejected`` (another 4xx), ``collect_error`` (``collect()`` raised; endpoint ``""``).
+each series), ``rejected`` (another 4xx), ``no_token`` (the token source gave nothing; nothing sent),
+``collect_error`` (``collect()`` raised; endpoint ``""``). Items an accepted push had refused are
+counted in ``kcms_agent_push_refused_items_total``.
 """
 
 from __future__ import annotations
@@ -47,6 +57,11 @@ EPOCH_HEADER = "X-KCMS-Push-Epoch"
 
 PUSHES = Counter(
     "kcms_agent_pushes", "Pushes to KCMS servers, by endpoint and outcome.", ["endpoint", "outcome"]
+)
+REFUSED_ITEMS = Counter(
+    "kcms_agent_push_refused_items",
+    "Readings and samples accepted pushes carried that the server refused (see its "
+    "kcms_push_node_refused_total for the reasons).",
 )
 
 
@@ -205,21 +220,34 @@ class PushReporter:
             "Accept": CONTENT_TYPE,
             "User-Agent": "kcms-agent",
         }
-        token = self.token_source() if self.token_source is not None else None
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         if continues:
             headers[EPOCH_HEADER] = continues
         url = endpoint + NODES_PATH
-        try:
-            async with self._client().post(url, data=body, headers=headers) as r:
-                payload = await r.read()
-                status = r.status
-                epoch = r.headers.get(EPOCH_HEADER)
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            PUSHES.labels(endpoint, "unreachable").inc()
-            log.info("push to %s failed: %s", endpoint, e or type(e).__name__)
-            return None, None
+        token = None
+        for attempt in (1, 2):
+            if self.token_source is not None:
+                token = self.token_source()
+                if not token:
+                    PUSHES.labels(endpoint, "no_token").inc()
+                    log.warning("no bearer token to push with (the token file is missing or empty)")
+                    raise _Refused(0)
+                headers["Authorization"] = f"Bearer {token}"
+            try:
+                async with self._client().post(url, data=body, headers=headers) as r:
+                    payload = await r.read()
+                    status = r.status
+                    epoch = r.headers.get(EPOCH_HEADER)
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                PUSHES.labels(endpoint, "unreachable").inc()
+                log.info("push to %s failed: %s", endpoint, e or type(e).__name__)
+                return None, None
+            # a 401 for a token rotated meanwhile: once more with the new one
+            if status != 401 or attempt == 2 or self.token_source is None or self.token_source() == token:
+                break
+            PUSHES.labels(endpoint, "rejected").inc()
+            log.info(
+                "push to %s: 401 with a token that has since rotated; retrying with the new one", endpoint
+            )
         if status == 200:
             try:
                 ack = decode(payload, WriteAck)
@@ -229,7 +257,8 @@ class PushReporter:
                 return None, None
             PUSHES.labels(endpoint, "accepted").inc()
             if ack.refused:
-                log.warning("%s refused %d malformed samples", endpoint, ack.refused)
+                REFUSED_ITEMS.inc(ack.refused)
+                log.warning("%s refused %d readings or samples of this push", endpoint, ack.refused)
             return ack, epoch
         text = payload[:300].decode("utf-8", "replace")
         if status == 409 and continues:
