@@ -595,3 +595,36 @@ async def test_namespaced_objects_need_the_flag_and_a_pod_in_the_namespace(make_
     assert lenient.series.query("deployments.apps", "ops", ["tool"], "replicas_busy", now=now) == []
     assert await strict.ready() and await lenient.ready()
     no_traceback(caplog)
+
+
+# ---- the push overlay: the agents push with a projected, bound token --------------------------------
+
+
+def test_the_push_overlay_gives_the_agents_a_bound_rotating_token_and_nothing_more() -> None:
+    from _deploy_helpers import (
+        DEPLOY,
+        allowed,
+        expanded_args,
+        flag,
+        kcms_containers,
+        mount_source,
+        only,
+        render,
+    )
+
+    objects = render(DEPLOY / "overlays" / "push")
+    agent = only(objects, "DaemonSet", "kcms-agent")
+    [container] = kcms_containers(agent)
+    token_file = flag(expanded_args(agent, container, objects), "--push-token-file") or ""
+    volume, inner = mount_source(agent, container, token_file)
+    [source] = volume["projected"]["sources"]
+    projection = source["serviceAccountToken"]
+    # a pod-bound token (it names the pod, and on Kubernetes >= 1.30 the node), rotated by the
+    # kubelet, for the API server's audience, which is what the server's TokenReview checks
+    assert projection["path"] == inner
+    assert 600 <= projection["expirationSeconds"] <= 3600
+    assert "audience" not in projection
+    # RBAC lets the agents post node pushes only; what they may report is the binding's business
+    account = agent["spec"]["template"]["spec"]["serviceAccountName"]
+    assert allowed(objects, ("kube-system", account), verb="post", path=NODES_PATH)
+    assert not allowed(objects, ("kube-system", account), verb="post", path="/push/v1/samples")
