@@ -14,7 +14,10 @@ import asyncio
 import base64
 import json
 import logging
+import signal
 import ssl
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -609,3 +612,100 @@ async def test_api_server_down_refuses_per_item_never_the_whole_push(stack: Stac
     # a failed review is not remembered: once the API server answers, the same push goes through
     status, answer = await stack.post({"samples": tenant_samples("a", 3.0, now - 1)}, "a-token")
     assert status == 200 and answer["accepted"] == 4, answer
+
+
+# ---- the flags, on a real `kcms server` process -----------------------------------------------------------
+
+
+def test_bad_push_flags_stop_start_up_naming_the_flag() -> None:
+    for argv, flag in (
+        (["--push-max-series-per-writer", "0"], "--push-max-series-per-writer"),
+        (["--push-max-series-per-writer", "lots"], "--push-max-series-per-writer"),
+        (["--push-allow-nonresource-grant=yes"], "--push-allow-nonresource-grant"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "kcms", "server", "--active-standby", *argv],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert f"argument {flag}" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_server_process_flags_decide_the_legacy_grant_and_the_writer_quota(
+    ca, fake_kube, tmp_path
+) -> None:
+    from _stores import free_port
+    from test_ha_e2e import _spawn, _wait
+
+    fake_kube.authorize = rbac.authorizer(RBAC)
+    fake_kube.tokens.update(TOKENS)
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+    key_file.write_bytes(cert.private_key_pem.bytes())
+    ports = {"default": free_port(), "legacy": free_port()}
+    procs = {}
+    common = [
+        "server", "--active-standby", "--leader-elect=false", "--kubeconfig", str(fake_kube.kubeconfig),
+        "--bind-address", "127.0.0.1", f"--tls-cert-file={cert_file}", f"--tls-private-key-file={key_file}",
+        "--authentication-skip-lookup", "--push-max-series-per-writer=4",
+    ]  # fmt: skip
+    ctx = ssl.create_default_context(cafile=str(ca_file(ca, tmp_path)))
+    try:
+        procs["default"] = await _spawn(tmp_path, "default", *common, "--secure-port", str(ports["default"]))
+        procs["legacy"] = await _spawn(
+            tmp_path,
+            "legacy",
+            *common,
+            "--secure-port",
+            str(ports["legacy"]),
+            "--push-allow-nonresource-grant",
+        )
+        async with aiohttp.ClientSession() as http:
+
+            async def post(which: str, token: str, samples: list[dict[str, Any]]) -> tuple[int, dict]:
+                headers = {"Authorization": f"Bearer {token}"}
+                url = f"https://127.0.0.1:{ports[which]}{PUSH_PATH}"
+                async with http.post(url, json={"samples": samples}, headers=headers, ssl=ctx) as r:
+                    return r.status, await r.json(content_type=None)
+
+            async def ready(which: str) -> bool:
+                assert procs[which].returncode is None, (tmp_path / f"{which}.log").read_text()[-2000:]
+                try:
+                    async with http.get(f"https://127.0.0.1:{ports[which]}/readyz", ssl=ctx) as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            for which in ports:
+                await _wait(lambda w=which: ready(w), 30, f"the {which} server ready")
+            samples = tenant_samples("b", 1.0, time.time() - 5)
+            status, answer = await post("default", "legacy-token", samples)
+            assert status == 200 and answer["rejected"] == {"forbidden": 4} and answer["accepted"] == 0
+            status, answer = await post("legacy", "legacy-token", samples)
+            assert status == 200 and answer["accepted"] == 4, answer
+
+            many = [
+                {"metric": "queue_backlog", "namespace": "a", "labels": {"q": str(i)}, "value": 1}
+                for i in range(6)
+            ]
+            status, answer = await post("default", "a-token", many)
+            assert answer["accepted"] == 4 and answer["rejected"] == {"series_limit_writer": 2}, answer
+            status, answer = await post("default", "b-token", samples)  # another writer: its own quota
+            assert answer["accepted"] == 4 and not answer["rejected"], answer
+            for which in ports:
+                assert await ready(which)
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await p.wait()
+    for which in ports:
+        log = (tmp_path / f"{which}.log").read_text()
+        assert "Traceback" not in log, log[-3000:]
+
+
+def ca_file(ca: Any, tmp: Path) -> Path:
+    path = tmp / "ca.pem"
+    path.write_bytes(ca.cert_pem.bytes())
+    return path
