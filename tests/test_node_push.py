@@ -605,6 +605,27 @@ def test_bad_push_flags_stop_start_up_naming_the_flag(args: list[str], flag: str
     assert flag in stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--node-push-max-series-per-node", "0"], "--node-push-max-series-per-node"),
+        (["--node-push-max-series", "-1"], "--node-push-max-series"),
+        (["--node-push-max-series-per-metric", "lots"], "--node-push-max-series-per-metric"),
+    ],
+)
+def test_bad_node_push_limits_stop_the_server_naming_the_flag(args: list[str], flag: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kcms", "server", "--active-standby", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}:" in result.stderr
+
+
 def test_a_ca_file_that_is_not_a_certificate_stops_start_up(tmp_path: Path) -> None:
     bad = tmp_path / "ca.pem"
     bad.write_text("not a certificate\n")
