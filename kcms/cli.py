@@ -180,6 +180,62 @@ def add_agent_collector_flags(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how often agents are scraped (default 5s); the per-agent timeout is 90%% of it",
     )
+    g.add_argument(
+        "--agent-ca-file",
+        default="",
+        metavar="FILE",
+        help="CA of the agents' serving certificate (default: the system trust store); read again when "
+        "it changes; while it is missing, scrapes fail (reason tls_config)",
+    )
+    g.add_argument(
+        "--agent-tls-server-name",
+        default="kcms-agent.kube-system.svc",
+        metavar="NAME",
+        help="name the agents' certificate must carry (default kcms-agent.kube-system.svc, the name of "
+        "deploy/agent's certificate); empty: the agent's node IP",
+    )
+    g.add_argument(
+        "--agent-token-file",
+        default="",
+        metavar="FILE",
+        help="bearer token sent to agents, read again when it changes (default: this process's "
+        "Kubernetes credential, in a cluster its ServiceAccount token); it needs get on nodes/metrics",
+    )
+    g.add_argument(
+        "--agent-client-certificate",
+        default="",
+        metavar="FILE",
+        help="client certificate presented to agents (mutual TLS), with --agent-client-key",
+    )
+    g.add_argument("--agent-client-key", default="", metavar="FILE", help="key of --agent-client-certificate")
+    g.add_argument(
+        "--agent-insecure-tls",
+        action="store_true",
+        help="do not verify the agents' certificates (tests only: an impostor would get the token)",
+    )
+    g.add_argument(
+        "--agent-insecure-http",
+        action="store_true",
+        help="scrape agents over plain HTTP and send no credential (`kcms agent --insecure-serving`, "
+        "simulated agents)",
+    )
+
+
+def validate_agent_collector_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The agent TLS flags: consistent, and the collector's own client certificate loadable."""
+    if args.agent_insecure_http:
+        for flag in ("agent_ca_file", "agent_token_file", "agent_client_certificate", "agent_insecure_tls"):
+            if getattr(args, flag):
+                p.error(f"argument --agent-insecure-http: not allowed with --{flag.replace('_', '-')}")
+    if bool(args.agent_client_certificate) != bool(args.agent_client_key):
+        p.error("argument --agent-client-certificate: give it with --agent-client-key")
+    if args.agent_client_certificate:
+        import ssl
+
+        try:
+            ssl.create_default_context().load_cert_chain(args.agent_client_certificate, args.agent_client_key)
+        except (OSError, ssl.SSLError) as e:
+            p.error(f"argument --agent-client-certificate: cannot load it with --agent-client-key: {e}")
 
 
 def validate_series_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -191,6 +247,7 @@ def validate_series_flags(p: argparse.ArgumentParser, args: argparse.Namespace) 
         p.error("argument --series-default-window: must be positive and at most --series-retention")
     if args.agent_scrape_interval < 1:
         p.error("argument --agent-scrape-interval: must be at least 1s")
+    validate_agent_collector_flags(p, args)
     if args.agent_selector and args.inventory_file and not args.kubeconfig:
         p.error("argument --agent-selector: agents are found through the Kubernetes API; give --kubeconfig")
     if args.agent_selector:
@@ -537,6 +594,7 @@ def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             cli_ha.validate_leader_flags(sub, args)
         if args.agent_scrape_interval < 1:
             sub.error("argument --agent-scrape-interval: must be at least 1s")
+        validate_agent_collector_flags(sub, args)
         _check_files(sub, args, FILE_FLAGS + ("store_ca_file",))
         from kcms.collector_process import run_collector
 

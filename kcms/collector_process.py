@@ -24,7 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kcms.cli_ha import leader_elector_factory
-from kcms.collector.agents import AgentCollector
+from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
 from kcms.heap import HeapFreezer
@@ -76,6 +76,7 @@ class CollectorProcess:
                 selector=args.agent_selector,
                 port=args.agent_port,
                 interval=args.agent_scrape_interval,
+                access=agent_access(args, kube),
             )
         self.scraping = False
         self._switch = asyncio.Lock()

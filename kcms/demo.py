@@ -91,6 +91,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
             "--kubelet-use-node-status-port",  # every simulated kubelet has a port of its own
             "--kubelet-preferred-address-types=InternalIP",
             f"--metric-resolution={args.metric_resolution}s",
+            "--agent-insecure-http",  # the simulated agents serve plain HTTP on loopback
         ]
     )
 

@@ -16,7 +16,7 @@ from kcms.apis.objects import ObjectLabels
 from kcms.apis.provider import StoreProvider
 from kcms.apis.push import PushAPI, PushLimits
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
-from kcms.collector.agents import AgentCollector
+from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import Collector
 from kcms.heap import HeapFreezer
@@ -174,6 +174,7 @@ def build_pipeline(
             port=args.agent_port,
             interval=args.agent_scrape_interval,
             targets=agent_targets,
+            access=agent_access(args, kube_client),
         )
         server.add_check("agent-collection-timely", agents.healthy, livez=True, readyz=False)
     return Pipeline(inventory, store, kubelets, collector, server, series, push, agents)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -15,7 +17,7 @@ from _pipeline import start_env, stop_env, wait_ready
 from fakeobjects import make_pod
 from prometheus_client import REGISTRY
 
-from kcms.collector.agents import AgentCollector
+from kcms.collector.agents import AgentAccess, AgentCollector
 from kcms.kube.client import KubeClient
 from kcms.quantity import parse_quantity
 from kcms.sim import SimulatedCluster
@@ -25,6 +27,7 @@ from kcms.sources.exposition import parse_exposition
 from kcms.store.series import SeriesStore
 
 PERIOD = 0.2
+PLAIN = AgentAccess(insecure_http=True)  # simulated agents serve plain HTTP (no credentials)
 
 
 async def eventually(cond, limit: float = 20.0) -> None:
@@ -93,7 +96,7 @@ async def test_agents_serve_the_format_and_since_limits_what_is_sent(agents: Sim
 
 async def test_collector_asks_since_and_never_stores_a_duplicate(agents: SimulatedAgents):
     store = SeriesStore()
-    collector = AgentCollector(None, store, selector="", targets=agents.targets, interval=1.0)
+    collector = AgentCollector(None, store, selector="", targets=agents.targets, interval=1.0, access=PLAIN)
     try:
         assert await collector.run_cycle() == 0
         # A new target is asked for everything it buffers.
@@ -122,8 +125,8 @@ async def test_a_collector_without_since_state_gets_only_duplicates():
     cluster = SimulatedCluster(nodes=2, pods_per_node=2, containers_per_pod=1, seed=9, one_port_per_node=True)
     async with SimulatedAgents(cluster, period=3600.0, buffer_seconds=3600.0) as agents:
         store = SeriesStore()
-        first = AgentCollector(None, store, selector="", targets=agents.targets)
-        second = AgentCollector(None, store, selector="", targets=agents.targets)
+        first = AgentCollector(None, store, selector="", targets=agents.targets, access=PLAIN)
+        second = AgentCollector(None, store, selector="", targets=agents.targets, access=PLAIN)
         before = REGISTRY.get_sample_value("kcms_collector_agent_duplicate_samples_total") or 0.0
         try:
             assert await first.run_cycle() == 0
@@ -149,7 +152,9 @@ async def test_broken_agents_are_counted_and_do_not_hold_up_the_others(agents: S
     agents.set_mode(names[2], "garbage")
     store = SeriesStore()
     current = agents.targets()
-    collector = AgentCollector(None, store, selector="", targets=lambda: current, interval=5.0, timeout=2.0)
+    collector = AgentCollector(
+        None, store, selector="", targets=lambda: current, interval=5.0, timeout=2.0, access=PLAIN
+    )
     before = REGISTRY.get_sample_value(
         "kcms_agent_scrape_failures_total", {"target": names[0], "reason": "timeout"}
     )
@@ -206,7 +211,7 @@ async def test_values_are_served_by_the_custom_and_external_apis(ca, fake_kube, 
     agents = SimulatedAgents(sim, period=PERIOD)
     await agents.start()
     collector = AgentCollector(
-        None, env.pipeline.series, selector="", targets=agents.targets, interval=PERIOD
+        None, env.pipeline.series, selector="", targets=agents.targets, interval=PERIOD, access=PLAIN
     )
     try:
         await wait_ready(env)
@@ -261,7 +266,9 @@ async def test_agent_pods_are_discovered_through_the_api_server(agents: Simulate
     fake_kube.upsert(no_ip)
     kube = await KubeClient.load(str(fake_kube.kubeconfig))
     store = SeriesStore()
-    collector = AgentCollector(kube, store, selector="app=kcms-agent", port=port, interval=PERIOD)
+    collector = AgentCollector(
+        kube, store, selector="app=kcms-agent", port=port, interval=PERIOD, access=PLAIN
+    )
     try:
         collector.start()
         await eventually(lambda: collector.cycles >= 1)
@@ -301,7 +308,9 @@ async def test_one_agent_port_on_every_node_address_as_a_daemonset(fake_kube):
             fake_kube.upsert(pod)
         kube = await KubeClient.load(str(fake_kube.kubeconfig))
         store = SeriesStore()
-        collector = AgentCollector(kube, store, selector="app=kcms-agent", port=port, interval=PERIOD)
+        collector = AgentCollector(
+            kube, store, selector="app=kcms-agent", port=port, interval=PERIOD, access=PLAIN
+        )
         try:
             await collector.sync()
             assert sorted(collector.targets()) == [
@@ -314,3 +323,53 @@ async def test_one_agent_port_on_every_node_address_as_a_daemonset(fake_kube):
         finally:
             await collector.stop()
             await kube.close()
+
+
+async def test_by_default_agents_are_scraped_over_verified_tls_only(agents: SimulatedAgents):
+    """A collector not told otherwise speaks TLS: a plain-HTTP agent is never sent a request (so no
+    credential could leave in clear text), and the failure is counted, not a traceback."""
+    store = SeriesStore()
+    collector = AgentCollector(None, store, selector="", targets=agents.targets, access=AgentAccess())
+    try:
+        assert collector.scheme == "https"
+        assert await collector.run_cycle() == len(agents.targets())
+        assert {reason for _, reason in collector.failures} == {"tls"}  # wrong version number
+        assert store.stats()["points"] == 0
+        assert sum(agents.requests.values()) == 0
+    finally:
+        await collector.stop()
+
+
+def kcms_cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kcms", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--agent-insecure-http", "--agent-ca-file=/etc/hostname"], "--agent-insecure-http"),
+        (["--agent-insecure-http", "--agent-insecure-tls"], "--agent-insecure-http"),
+        (["--agent-insecure-http", "--agent-token-file=/etc/hostname"], "--agent-insecure-http"),
+        (["--agent-client-certificate=/etc/hostname"], "--agent-client-certificate"),
+        (
+            ["--agent-client-certificate=/etc/hostname", "--agent-client-key=/etc/hostname"],
+            "--agent-client-certificate",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["standalone", "collector"])
+def test_bad_agent_tls_flags_stop_start_up_naming_the_flag(command: str, argv: list[str], flag: str) -> None:
+    extra = (
+        ["--store-endpoints=https://127.0.0.1:1", "--store-token-file=/etc/hostname"]
+        if command == "collector"
+        else []
+    )
+    result = kcms_cli(command, *extra, *argv)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}" in result.stderr and "Traceback" not in result.stderr

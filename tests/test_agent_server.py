@@ -142,6 +142,78 @@ async def test_tls_serving(ca: trustme.CA) -> None:
         await agent.stop()
 
 
+def served_serial(port: int, ca: trustme.CA) -> int:
+    """The serial number of the certificate a new TLS connection to ``port`` gets."""
+    from cryptography import x509
+
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+async def test_a_renewed_serving_certificate_is_loaded_and_a_torn_one_is_not(
+    ca: trustme.CA, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cryptography import x509
+
+    from kcms.agent.server import ServingTLS
+
+    pem = tmp_path / "tls.pem"
+    first = ca.issue_cert("127.0.0.1")
+    first.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    agent = Agent(
+        SampleBuffer(), {}, interval=3600, listen="127.0.0.1:0", ssl_context=ServingTLS(str(pem), str(pem))
+    )
+    await agent.start()
+    try:
+        serial = x509.load_pem_x509_certificate(first.cert_chain_pems[0].bytes()).serial_number
+        assert await asyncio.to_thread(served_serial, agent.port, ca) == serial
+        # A renewal written in place (as the kubelet updates a Secret volume): the next cycle loads it.
+        second = ca.issue_cert("127.0.0.1")
+        second.private_key_and_cert_chain_pem.write_to_path(str(pem))
+        os.utime(pem, ns=(time.time_ns() + 10**9,) * 2)
+        await agent.collect_once()
+        renewed = x509.load_pem_x509_certificate(second.cert_chain_pems[0].bytes()).serial_number
+        assert await asyncio.to_thread(served_serial, agent.port, ca) == renewed
+        # A torn write: kept out, the last good pair is still served, one warning.
+        pem.write_bytes(second.private_key_and_cert_chain_pem.bytes()[:200])
+        os.utime(pem, ns=(time.time_ns() + 2 * 10**9,) * 2)
+        await agent.collect_once()
+        assert await asyncio.to_thread(served_serial, agent.port, ca) == renewed
+        assert "cannot reload the serving certificate" in caplog.text and "Traceback" not in caplog.text
+    finally:
+        await agent.stop()
+
+
+async def test_extra_listener_serves_pushes_and_probes_never_metrics() -> None:
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    buffer = SampleBuffer()
+    buffer.add("up", NODE, (), time.time(), 1)
+    agent = Agent(
+        buffer, {}, interval=3600, listen="127.0.0.1:0", extra_routes=[("POST", "/v1/hello", hello)],
+        extra_listen="127.0.0.1:0",
+    )  # fmt: skip
+    await agent.start()
+    try:
+        assert agent.extra_port not in (0, agent.port)
+        extra = f"http://127.0.0.1:{agent.extra_port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{extra}/v1/hello") as r:
+                assert await r.text() == "hello"
+            async with s.get(f"{extra}/healthz") as r:
+                assert r.status == 200
+            async with s.get(f"{extra}/metrics") as r:
+                assert r.status == 404 and b"up{" not in await r.read()
+    finally:
+        await agent.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +221,9 @@ def free_port() -> int:
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The agent command; plain serving unless the arguments are about TLS."""
+    if not any(a.startswith(("--tls-", "--client-ca-file", "--insecure-serving")) for a in args):
+        args = ("--insecure-serving", *args)
     return subprocess.run(
         [sys.executable, "-m", "kcms.agent.cli", *args],
         cwd=REPO,
@@ -168,6 +243,31 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["--max-series-per-pod", "-3"], "--max-series-per-pod"),
         (["--listen", "nowhere"], "--listen"),
         (["--tls-cert-file", "/nonexistent.pem"], "--tls-cert-file"),
+        (["--tls-cert-file", "/etc/hostname", "--tls-private-key-file", "/etc/hostname"], "--tls-cert-file"),
+        (
+            [
+                "--tls-cert-file",
+                "/etc/hostname",
+                "--tls-private-key-file",
+                "/etc/hostname",
+                "--client-ca-file",
+                "/x.pem",
+            ],
+            "--client-ca-file",
+        ),
+        (
+            [
+                "--insecure-serving",
+                "--tls-cert-file",
+                "/etc/hostname",
+                "--tls-private-key-file",
+                "/etc/hostname",
+            ],
+            "--insecure-serving",
+        ),
+        (["--insecure-serving", "--client-ca-file", "/etc/hostname"], "--insecure-serving"),
+        (["--otlp-listen", "nowhere"], "--otlp-listen"),
+        (["--otlp-listen", "127.0.0.1:0", "--no-otlp"], "--otlp-listen"),
         (["--cgroup-root", "/nonexistent/cgroup", "--no-apps"], "--cgroup-root"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
     ],
@@ -199,6 +299,7 @@ def test_cli_serves_node_metrics_and_stops_on_sigterm() -> None:
             f"127.0.0.1:{port}",
             "--interval",
             "200ms",
+            "--insecure-serving",
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -273,6 +374,7 @@ async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_
         f"--cgroup-root={tmp_path / 'cg'}",
         f"--listen=127.0.0.1:{port}",
         "--interval=200ms",
+        "--insecure-serving",
         cwd=REPO,
         stderr=asyncio.subprocess.PIPE,
     )

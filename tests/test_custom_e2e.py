@@ -178,7 +178,9 @@ async def test_simulated_agents_collector_store_api_read_with_kubectl_both_versi
     await sim.start()
     agents = SimulatedAgents(sim, history=10.0)
     await agents.start()
-    env = await start_env(ca, fake_kube, tmp_path, sim, agent_targets=agents.targets)
+    env = await start_env(
+        ca, fake_kube, tmp_path, sim, agent_targets=agents.targets, agent_insecure_http=True
+    )
     try:
         await wait_ready(env)
         await env.pipeline.agents.run_cycle()

@@ -120,6 +120,7 @@ class HAEnv:
                 "--kubelet-certificate-authority", str(kubelet_ca), "--kubelet-use-node-status-port",
                 "--kubelet-preferred-address-types", "InternalIP", "--metric-resolution", "10s",
                 "--agent-selector=app=kcms-agent", f"--agent-port={agent_port}", "--agent-scrape-interval=1s",
+                "--agent-insecure-http",  # simulated agents serve plain HTTP
                 f"--leader-elect-lease-duration={LEASE}s", "--leader-elect-renew-deadline=2s",
                 "--leader-elect-retry-period=0.5s", "--leader-elect-resource-namespace=kube-system",
                 f"--leader-elect-identity={c}", "--health-bind-address=127.0.0.1", f"--health-port={self.health[c]}",

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from kcms.agent.buffer import SampleBuffer
-from kcms.agent.server import Agent, _parse_listen
+from kcms.agent.server import Agent, ServingTLS, _parse_listen
 from kcms.flags import csv_list, parse_duration, port, positive_int
 
 __all__ = ["add_agent_arguments", "agent_main", "main"]
@@ -77,10 +77,34 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         type=_listen,
         default="0.0.0.0:9102",
         metavar="HOST:PORT",
-        help="address to serve /metrics on (default 0.0.0.0:9102; plain HTTP unless --tls-cert-file)",
+        help="address to serve /metrics on (default 0.0.0.0:9102): HTTPS, callers authenticated and "
+        "authorized (get nodes/metrics of this node), unless --insecure-serving",
     )
-    p.add_argument("--tls-cert-file", default="", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument(
+        "--tls-cert-file", default="", help="serving certificate (PEM); required unless --insecure-serving"
+    )
     p.add_argument("--tls-private-key-file", default="", help="the private key of --tls-cert-file (PEM)")
+    p.add_argument(
+        "--client-ca-file",
+        default="",
+        metavar="FILE",
+        help="also accept /metrics callers with a client certificate signed by this CA (mutual TLS; "
+        "user = common name, groups = organizations); they are authorized like token callers",
+    )
+    p.add_argument(
+        "--insecure-serving",
+        action="store_true",
+        help="serve plain HTTP and let anyone read /metrics (every pod's metrics on the node): tests "
+        "and simulations only",
+    )
+    p.add_argument(
+        "--otlp-listen",
+        type=_listen,
+        default=None,
+        metavar="HOST:PORT",
+        help="also accept OTLP pushes (/v1/metrics) over plain HTTP here, so applications need not "
+        "trust the agent's certificate (default: only on --listen)",
+    )
     p.add_argument(
         "--interval", type=_duration, default=10.0, metavar="DURATION", help="collection period (default 10s)"
     )
@@ -196,14 +220,25 @@ def _usage_error(message: str) -> int:
 def _validate(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags beyond their types, naming the flag; None if nothing."""
     needs_pods = not (args.no_cgroups and args.no_apps)
-    if not args.node_name and (needs_pods or not args.no_node or not args.no_kubelet):
+    needs_node = needs_pods or not args.no_node or not args.no_kubelet or not args.insecure_serving
+    if not args.node_name and needs_node:
         return "argument --node-name: required (or set NODE_NAME)"
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         return "arguments --tls-cert-file and --tls-private-key-file must be given together"
+    if args.insecure_serving and (args.tls_cert_file or args.client_ca_file):
+        return "argument --insecure-serving: not allowed with --tls-cert-file or --client-ca-file"
+    if not args.insecure_serving and not args.tls_cert_file:
+        return (
+            "argument --tls-cert-file: required: /metrics is served over TLS to authorized callers "
+            "(give --tls-cert-file and --tls-private-key-file, or --insecure-serving for tests)"
+        )
+    if args.otlp_listen and args.no_otlp:
+        return "argument --otlp-listen: not allowed with --no-otlp"
     for flag in (
         "kubeconfig",
         "tls_cert_file",
         "tls_private_key_file",
+        "client_ca_file",
         "kubelet_certificate_authority",
         "push_token_file",
         "push_ca_file",
@@ -276,13 +311,17 @@ async def agent_main(args: argparse.Namespace) -> int:
     problem = _validate(args)
     if problem is not None:
         return _usage_error(problem)
-    ssl_context = None
+    tls = None
     if args.tls_cert_file:
-        ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            ssl_context.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
+            tls = ServingTLS(args.tls_cert_file, args.tls_private_key_file)
         except (OSError, ssl.SSLError) as e:
             return _usage_error(f"argument --tls-cert-file: cannot load the certificate and key: {e}")
+        if args.client_ca_file:
+            try:
+                tls = ServingTLS(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file)
+            except (OSError, ssl.SSLError) as e:
+                return _usage_error(f"argument --client-ca-file: cannot load {args.client_ca_file}: {e}")
     if args.push and args.push_ca_file:
         try:
             ssl.create_default_context(cafile=args.push_ca_file)
@@ -293,13 +332,14 @@ async def agent_main(args: argparse.Namespace) -> int:
     sources: dict[str, object] = {}
     client = informer = None
     needs_pods = not (args.no_cgroups and args.no_apps)
-    if needs_pods or not args.no_kubelet:
+    needs_api = needs_pods or not args.insecure_serving  # /metrics callers are reviewed by the API server
+    if needs_api or not args.no_kubelet:
         from kcms.kube.client import KubeClient, KubeConfigError
 
         try:
             client = await KubeClient.load(args.kubeconfig or None)
         except KubeConfigError as e:
-            if needs_pods or args.kubeconfig:
+            if needs_api or args.kubeconfig:
                 return _usage_error(f"argument --kubeconfig: {e}")
             # Only the kubelet source wanted the cluster's identity: try it without credentials.
             log.warning("no Kubernetes credentials (%s): the kubelet is scraped anonymously", e)
@@ -330,7 +370,14 @@ async def agent_main(args: argparse.Namespace) -> int:
 
         routes = otlp_routes(buffer)
 
-    agent = Agent(buffer, sources, args.interval, args.listen, routes, ssl_context)
+    auth = None
+    if not args.insecure_serving:
+        from kcms.agent.auth import MetricsAuth
+
+        auth = MetricsAuth.from_client(args.node_name, client)
+    agent = Agent(
+        buffer, sources, args.interval, args.listen, routes, tls, auth=auth, extra_listen=args.otlp_listen
+    )
     reporter = push_source = None
     if args.push:
         reporter, push_source = _push_reporter(args, client, buffer)
@@ -346,7 +393,8 @@ async def agent_main(args: argparse.Namespace) -> int:
         try:
             await agent.start()
         except OSError as e:
-            return _usage_error(f"argument --listen: cannot listen on {args.listen}: {e}")
+            flags = "--listen" if not args.otlp_listen else "--listen or --otlp-listen"
+            return _usage_error(f"argument {flags}: cannot listen: {e}")
         if reporter is not None:
             reporter.start()
             log.info("pushing to %s every %gs", ", ".join(args.push), args.push_interval)

@@ -5,9 +5,16 @@ newer than ``since``), with the header ``X-KCMS-Agent-Time`` (the agent's clock,
 the body was made). ``GET /healthz`` answers ``ok``. Other routes (the OTLP receiver) plug in with
 ``extra_routes``.
 
-The agent serves plain HTTP by default (``--listen 0.0.0.0:9102``): it is meant to be reached only
-from inside the cluster (the KCMS collector; restrict it with a NetworkPolicy). ``--tls-cert-file``
-and ``--tls-private-key-file`` switch it to HTTPS.
+``/metrics`` holds every pod's metrics on the node, so ``kcms agent`` serves it over TLS
+(``--tls-cert-file``, ``--tls-private-key-file``) to authenticated and authorized callers only
+(``auth``: :class:`kcms.agent.auth.MetricsAuth`, a bearer token or a client certificate, then a
+SubjectAccessReview for ``get`` on ``nodes/metrics`` of this node, as the kubelet's own ``/metrics``).
+``/healthz`` and the ``extra_routes`` stay open: probes carry no credentials, and OTLP senders are
+applications, bound by their own rules (:mod:`kcms.agent.otlp`). ``extra_listen`` serves the
+``extra_routes`` and ``/healthz`` (never ``/metrics``) on a second, plain-HTTP address as well, so
+applications can push OTLP without the agent's CA. Without ``ssl_context`` and ``auth``
+(``--insecure-serving``: tests, simulations) ``/metrics`` is open to anyone who reaches the port, and
+:meth:`Agent.start` says so in a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -23,10 +31,12 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import Counter
 
+from kcms.agent.auth import MetricsAuth
 from kcms.agent.buffer import Sample, SampleBuffer
+from kcms.httpguard import GuardedRunner, GuardOptions
 from kcms.tasks import cancel_and_wait, run_every
 
-__all__ = ["AGENT_TIME_HEADER", "Agent", "Source", "make_app"]
+__all__ = ["AGENT_TIME_HEADER", "Agent", "ServingTLS", "Source", "make_app"]
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +58,16 @@ def make_app(
     buffer: SampleBuffer,
     extra_routes: Sequence[tuple[str, str, Handler]] = (),
     clock: Callable[[], float] = time.time,
+    auth: MetricsAuth | None = None,
 ) -> web.Application:
-    """The agent's aiohttp application: ``/metrics``, ``/healthz`` and ``extra_routes``."""
+    """The agent's aiohttp application: ``/metrics`` (guarded by ``auth`` when given), ``/healthz``
+    and ``extra_routes``."""
 
     async def metrics(request: web.Request) -> web.Response:
+        if auth is not None:  # before anything else: an anonymous caller learns nothing, not even a 400
+            refusal = await auth.check(request)
+            if refusal is not None:
+                return refusal
         since_text = request.query.get("since")
         since: int | None = None
         if since_text is not None:
@@ -68,15 +84,68 @@ def make_app(
             headers={"Content-Type": CONTENT_TYPE, AGENT_TIME_HEADER: str(agent_time)},
         )
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
+    _add_open_routes(app, extra_routes)
+    return app
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+def _add_open_routes(app: web.Application, extra_routes: Sequence[tuple[str, str, Handler]]) -> None:
+    app.router.add_get("/healthz", _healthz)
     for method, path, handler in extra_routes:
         app.router.add_route(method, path, handler)
-    return app
+
+
+class ServingTLS:
+    """The agent's TLS server context from certificate files; the pair is re-read when it changes.
+
+    cert-manager renews the Secret in place; :meth:`reload_if_changed` (called every collection
+    cycle) loads the new pair into the same context, so new connections get it without a restart.
+    ``client_ca_file``: client certificates are requested and, when sent, must verify against it
+    (mutual TLS); read once at start. Without it, client certificates are not asked for.
+    """
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None = None) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context.load_cert_chain(cert_file, key_file)  # raises OSError / ssl.SSLError
+        if client_ca_file:
+            self.context.load_verify_locations(cafile=client_ca_file)
+            self.context.verify_mode = ssl.CERT_OPTIONAL  # bearer-token callers send no certificate
+        self._stamp = self._stat()
+
+    def _stat(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for path in (self.cert_file, self.key_file):
+            try:
+                st = os.stat(path)
+            except OSError:
+                return ()
+            out += [st.st_mtime_ns, st.st_size, st.st_ino]
+        return tuple(out)
+
+    def reload_if_changed(self) -> bool:
+        """Load the pair again if either file changed; True if it was reloaded."""
+        stamp = self._stat()
+        if not stamp or stamp == self._stamp:
+            return False
+        try:
+            # Into a scratch context first: a failed load into the live one can leave it with the new
+            # certificate and no key, and then every handshake fails.
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_file, self.key_file)
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as e:  # half-written by a renewal: keep the old pair, try again
+            log.warning("cannot reload the serving certificate %s: %s", self.cert_file, e)
+            return False
+        self._stamp = stamp
+        log.info("reloaded the serving certificate %s", self.cert_file)
+        return True
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -84,6 +153,22 @@ def _parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, not {listen!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def _serve(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start serving ``app``; the runner and the port bound (``port`` 0: an ephemeral one)."""
+    runner = GuardedRunner(app, GuardOptions(listener="agent"), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    sockets = site._server.sockets if site._server is not None else ()  # type: ignore[union-attr]
+    return runner, sockets[0].getsockname()[1] if sockets else port
 
 
 class Agent:
@@ -102,17 +187,27 @@ class Agent:
         interval: float = 10.0,
         listen: str = "0.0.0.0:9102",
         extra_routes: Sequence[tuple[str, str, Handler]] = (),
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | ServingTLS | None = None,
+        auth: MetricsAuth | None = None,
+        extra_listen: str | None = None,
     ) -> None:
         self.buffer = buffer
         self.sources = sources
         self.interval = interval
         self.host, self.port = _parse_listen(listen)
-        self.ssl_context = ssl_context
-        self.app = make_app(buffer, extra_routes)
+        self.tls = ssl_context if isinstance(ssl_context, ServingTLS) else None
+        self.ssl_context = ssl_context.context if isinstance(ssl_context, ServingTLS) else ssl_context
+        self.auth = auth
+        self.app = make_app(buffer, extra_routes, auth=auth)
+        self.extra_host, self.extra_port = _parse_listen(extra_listen) if extra_listen else ("", 0)
+        self.extra_app: web.Application | None = None
+        if extra_listen:
+            self.extra_app = web.Application()
+            _add_open_routes(self.extra_app, extra_routes)
         self.cycles = 0
         self.last_accepted: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
+        self._extra_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._cycle_done = asyncio.Event()
 
@@ -139,6 +234,8 @@ class Agent:
             self.last_accepted[name] = accepted
             total += accepted
         self.buffer.expire(time.time())
+        if self.tls is not None:
+            self.tls.reload_if_changed()
         self.cycles += 1
         self._cycle_done.set()
         self._cycle_done = asyncio.Event()
@@ -152,24 +249,35 @@ class Agent:
         await run_every(self.interval, self.collect_once, "collection cycle")
 
     async def start(self) -> None:
-        """Bind the server and start the collection loop."""
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
-        await site.start()
-        sockets = site._server.sockets if site._server is not None else ()  # type: ignore[union-attr]
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        """Bind the server(s) and start the collection loop."""
+        self._runner, self.port = await _serve(self.app, self.host, self.port, self.ssl_context)
+        if self.extra_app is not None:
+            self._extra_runner, self.extra_port = await _serve(
+                self.extra_app, self.extra_host, self.extra_port
+            )
+            log.info("plain-HTTP listener for pushes on %s:%d", self.extra_host, self.extra_port)
         self._task = asyncio.create_task(self._loop(), name="agent collection loop")
-        log.info("agent listening on %s:%d, collecting every %gs", self.host, self.port, self.interval)
+        scheme = "https" if self.ssl_context is not None else "http"
+        log.info(
+            "agent listening on %s://%s:%d, collecting every %gs", scheme, self.host, self.port, self.interval
+        )
+        if self.ssl_context is None or self.auth is None:
+            log.warning(
+                "/metrics is served %s%s: every pod's metrics on this node are readable by anyone who "
+                "reaches port %d (tests and simulations only)",
+                "over plain HTTP" if self.ssl_context is None else "over TLS",
+                " without authentication" if self.auth is None else "",
+                self.port,
+            )
 
     async def stop(self) -> None:
         """Stop the loop and the server; close sources that have ``close()``."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in (self._extra_runner, self._runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._extra_runner = None
         for source in self.sources.values():
             close = getattr(source, "close", None)
             if close is not None:

@@ -1,8 +1,17 @@
 """The collector of KCMS node agents: discover agent pods, scrape ``/metrics`` incrementally, store.
 
 Targets come from a pods informer (the ``--agent-selector`` label selector; Running pods with a
-``status.hostIP``, scraped at ``http://<hostIP>:<port>``; the target is named ``<namespace>/<pod>``)
+``status.hostIP``, scraped at ``https://<hostIP>:<port>``; the target is named ``<namespace>/<pod>``)
 or from a static ``targets`` callable of ``(name, "host:port")`` pairs (simulations).
+
+How agents are reached is an :class:`AgentAccess`: HTTPS, the agent's certificate verified against
+``ca_file`` for the name ``server_name`` (default ``kcms-agent.kube-system.svc``: one certificate
+for every agent, as the DaemonSet mounts it; ``""`` checks the target's own address instead), and
+the collector's bearer token (``token_source``, called before every scrape: the in-cluster
+ServiceAccount token or ``--agent-token-file``, re-read when it changes) or a client certificate.
+A certificate that does not verify fails the scrape before any request is sent (reason
+``tls_verify``): the token never reaches an impostor. ``insecure_tls`` skips the verification
+(tests); ``insecure_http`` scrapes plain HTTP and sends no token (simulated agents).
 
 Every ``interval`` seconds every target is scraped concurrently (at most ``max_in_flight`` at once),
 each under its own ``timeout`` (default 90% of the interval), so a slow agent costs the others
@@ -19,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,7 +45,15 @@ from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentCollector", "AgentPod", "agent_pod_from_json"]
+__all__ = [
+    "DEFAULT_AGENT_SERVER_NAME",
+    "AgentAccess",
+    "AgentCollector",
+    "AgentPod",
+    "TokenFile",
+    "agent_access",
+    "agent_pod_from_json",
+]
 
 SCRAPE_FAILURES = Counter(
     "kcms_agent_scrape_failures_total", "Failed agent scrapes, by target and reason.", ["target", "reason"]
@@ -56,6 +75,78 @@ SCRAPE_DURATION = Histogram(
 TARGETS = Gauge("kcms_collector_agent_targets", "Agent endpoints scraped in the last cycle.")
 
 DEFAULT_MAX_BODY = DEFAULT_MAX_BYTES
+DEFAULT_AGENT_SERVER_NAME = "kcms-agent.kube-system.svc"
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class TokenFile:
+    """A bearer token read from ``path``, read again whenever the file changes (projected
+    ServiceAccount tokens are rotated in place); None while the file is missing or empty."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._token: str | None = None
+
+    def __call__(self) -> str | None:
+        stamp = _file_stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    self._token = f.read().strip() or None
+            except (OSError, UnicodeDecodeError) as e:
+                log.warning("cannot read the agent token file %s: %s", self.path, e)
+                self._token = None
+        return self._token
+
+
+@dataclass(frozen=True, slots=True)
+class AgentAccess:
+    """How the collector reaches agents (see the module docstring)."""
+
+    insecure_http: bool = False
+    ca_file: str | None = None  # None: the system trust store
+    server_name: str = DEFAULT_AGENT_SERVER_NAME  # "": the target's address must be in the certificate
+    insecure_tls: bool = False
+    token_source: Callable[[], str | None] | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client TLS context; raises OSError or ssl.SSLError for unreadable files."""
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.insecure_tls:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert_file:
+            ctx.load_cert_chain(self.client_cert_file, self.client_key_file or None)
+        return ctx
+
+
+def agent_access(args: Any, kube: KubeClient | None) -> AgentAccess:
+    """The :class:`AgentAccess` of the ``--agent-*`` flags in ``args`` (see kcms.cli); the token
+    defaults to ``kube``'s credential (in a cluster, the ServiceAccount token, re-read as it rotates)."""
+    if getattr(args, "agent_insecure_http", False):
+        return AgentAccess(insecure_http=True)
+    token_file = getattr(args, "agent_token_file", "")
+    token_source = TokenFile(token_file) if token_file else (kube.bearer_token if kube is not None else None)
+    return AgentAccess(
+        ca_file=getattr(args, "agent_ca_file", "") or None,
+        server_name=getattr(args, "agent_tls_server_name", DEFAULT_AGENT_SERVER_NAME),
+        insecure_tls=getattr(args, "agent_insecure_tls", False),
+        token_source=token_source,
+        client_cert_file=getattr(args, "agent_client_certificate", "") or None,
+        client_key_file=getattr(args, "agent_client_key", "") or None,
+    )
 
 
 class _Failure(Exception):
@@ -104,6 +195,7 @@ class AgentCollector:
         max_in_flight: int = 100,
         targets: Callable[[], Iterable[tuple[str, str]]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY,
+        access: AgentAccess | None = None,
     ) -> None:
         if kube is None and targets is None:
             raise ValueError("AgentCollector needs a Kubernetes client or a targets callable")
@@ -115,6 +207,10 @@ class AgentCollector:
         self.interval = float(interval)
         self.timeout = float(timeout) if timeout is not None else 0.9 * self.interval
         self.max_body_bytes = max_body_bytes
+        self.access = access if access is not None else AgentAccess()
+        self.scheme = "http" if self.access.insecure_http else "https"
+        self._ssl: ssl.SSLContext | None = None
+        self._ssl_stamp: tuple | None = None
         self._static = targets
         self.informer: Informer[AgentPod] | None = None
         if targets is None and kube is not None:
@@ -218,6 +314,28 @@ class AgentCollector:
             )
         return self._session
 
+    def _request_options(self) -> dict[str, Any]:
+        """TLS context, server name and bearer token of one scrape (nothing for plain HTTP)."""
+        access = self.access
+        if access.insecure_http:
+            return {}
+        files = [f for f in (access.ca_file, access.client_cert_file, access.client_key_file) if f]
+        stamp = tuple(_file_stamp(f) for f in files)
+        if self._ssl is None or stamp != self._ssl_stamp:  # first scrape, or a rotated CA or cert
+            try:
+                self._ssl = access.ssl_context()
+            except (OSError, ssl.SSLError) as e:  # e.g. the CA's Secret is not mounted yet
+                self._ssl = None
+                raise _Failure("tls_config", f"cannot load the agent TLS files: {e}") from None
+            self._ssl_stamp = stamp
+        options: dict[str, Any] = {"ssl": self._ssl}
+        if access.server_name and not access.insecure_tls:
+            options["server_hostname"] = access.server_name
+        token = access.token_source() if access.token_source is not None else None
+        if token:
+            options["headers"] = {"Authorization": f"Bearer {token}"}
+        return options
+
     async def run_cycle(self) -> int:
         """Scrape every target once, concurrently; return how many failed."""
         t0 = time.monotonic()
@@ -253,7 +371,7 @@ class AgentCollector:
     async def _fetch(self, url: str) -> bytes:
         limit = self.max_body_bytes
         try:
-            async with self._get_session().get(url) as resp:
+            async with self._get_session().get(url, **self._request_options()) as resp:
                 if resp.status != 200:
                     raise _Failure(f"http_{resp.status}", f"HTTP {resp.status}")
                 if resp.content_length is not None and resp.content_length > limit:
@@ -266,6 +384,10 @@ class AgentCollector:
                         raise _Failure("too_large", f"body over {limit} bytes")
                     chunks.append(chunk)
                 return b"".join(chunks)
+        except aiohttp.ClientConnectorCertificateError as e:  # an impostor, or a wrong CA / name
+            raise _Failure("tls_verify", f"the agent's certificate does not verify: {e}") from None
+        except (aiohttp.ClientSSLError, ssl.SSLError) as e:
+            raise _Failure("tls", f"{e.__class__.__name__}: {e}") from None
         except (aiohttp.ClientError, OSError) as e:
             raise _Failure("connection", f"{e.__class__.__name__}: {e}") from None
 
@@ -274,7 +396,7 @@ class AgentCollector:
         # keep 5 minutes, so a collector that (re)starts gets that history back and serves
         # rates and windows at once instead of after two scrapes.
         since = self._since.get(name)
-        url = f"http://{address}/metrics?since={0 if since is None else since}"
+        url = f"{self.scheme}://{address}/metrics?since={0 if since is None else since}"
         async with self._semaphore:
             t0 = time.monotonic()
             try:
