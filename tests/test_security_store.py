@@ -334,3 +334,35 @@ async def test_gzip_bomb_write_is_refused_without_inflating_it(store) -> None:
     assert ready(store) == 200
     assert await held(store) == {"kept": 5.0}
     no_traceback(store)
+
+
+async def test_a_copied_series_of_millions_of_points_is_cut_to_what_a_replica_keeps(tmp_path) -> None:
+    """A peer's (or a token holder's) copy of one series with 3 million points (48 MB, under the
+    default 64 MiB body bound): the newest points are merged, memory stays bounded, nothing else lost."""
+    from array import array
+
+    stores = Stores(tmp_path, 1)
+    stores.start_all()
+    try:
+        assert (await post(base(stores) + "/store/v1/write", write_body("kept", 5.0)))[0] == 200
+        n = 3_000_000
+        now = time.time()
+        points = array("d", [0.0]) * (2 * n)
+        step = 290.0 / n
+        for i in range(n):
+            points[2 * i] = now - 300 + i * step
+            points[2 * i + 1] = float(i)
+        body = wire.encode(wire.Write(series=[("m", "pods", "default", "copied", (), points.tobytes())]))
+        del points
+        mem_before = memory_kib(stores)
+        code, answer, _ = await post(base(stores) + "/store/v1/write", body)
+        assert code == 200, answer
+        mem_after = memory_kib(stores)
+        grew = (mem_after["VmHWM"] - mem_before["VmHWM"]) / 1024
+        print(f"a copied series of {len(body) >> 20} MiB: store peak RSS +{grew:.0f} MiB")
+        assert grew < 250, (mem_before, mem_after)  # the body and a copy or two, not a 3M-entry dict
+        assert await held(stores) == {"kept": 5.0, "copied": float(n - 1)}
+        assert ready(stores) == 200
+        no_traceback(stores)
+    finally:
+        stores.stop_all()

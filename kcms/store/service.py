@@ -296,7 +296,13 @@ class StoreService:
             if block is not None:
                 a, r = self._append(block)
                 accepted, refused = accepted + a, refused + r
+        # A copied series carries at most what a replica keeps; beyond twice that only the newest
+        # points are merged (exports are in time order, and the merge trims to ``max_points``): one
+        # series of 64 MiB would otherwise become a dict of 4 million points for a moment.
+        cap = 32 * self.series.max_points
         for metric, resource, namespace, name, labels, packed in body.series:
+            if len(packed) > cap and not len(packed) % 16:
+                packed = packed[-cap:]
             try:
                 added = self.series.merge(metric, ObjectRef(resource, namespace, name), labels, packed)
             except ValueError as e:
