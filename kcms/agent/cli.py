@@ -137,6 +137,14 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-node", action="store_true", help="do not collect node metrics")
     p.add_argument("--no-otlp", action="store_true", help="do not accept OTLP/HTTP metrics on /v1/metrics")
     p.add_argument(
+        "--otlp-allow-unbound",
+        action="store_true",
+        help="accept OTLP pushes from senders that are not exactly one pod of this node (host-network "
+        "pods, node processes, other nodes, shared IPs) and trust their k8s.* resource attributes. "
+        "Default: refused (partial_success; kcms_agent_otlp_rejected_total{reason=unbound_sender|"
+        "host_network_sender|ambiguous_sender}); a pod's points are always bound to that pod",
+    )
+    p.add_argument(
         "--no-kubelet", action="store_true", help="do not scrape the local kubelet's /metrics/resource"
     )
     p.add_argument(
@@ -333,7 +341,7 @@ async def agent_main(args: argparse.Namespace) -> int:
     client = informer = None
     needs_pods = not (args.no_cgroups and args.no_apps)
     needs_api = needs_pods or not args.insecure_serving  # /metrics callers are reviewed by the API server
-    if needs_api or not args.no_kubelet:
+    if needs_api or not args.no_kubelet or not args.no_otlp:  # OTLP binds senders to the pods it lists
         from kcms.kube.client import KubeClient, KubeConfigError
 
         try:
@@ -343,7 +351,8 @@ async def agent_main(args: argparse.Namespace) -> int:
                 return _usage_error(f"argument --kubeconfig: {e}")
             # Only the kubelet source wanted the cluster's identity: try it without credentials.
             log.warning("no Kubernetes credentials (%s): the kubelet is scraped anonymously", e)
-    if needs_pods:
+    # the OTLP receiver binds senders to this node's pods: it uses the informer whenever it can
+    if needs_pods or (not args.no_otlp and client is not None and args.node_name):
         from kcms.agent.pods import pod_informer
 
         assert client is not None
@@ -367,8 +376,21 @@ async def agent_main(args: argparse.Namespace) -> int:
     routes = []
     if not args.no_otlp:
         from kcms.agent.otlp import otlp_routes
+        from kcms.agent.pods import PodsByIP
 
-        routes = otlp_routes(buffer)
+        pods = None
+        if informer is not None:  # the node's own address ($NODE_IP) is a host-network sender
+            pods = PodsByIP.of_informer(informer, node_ips=[args.kubelet_address])
+        elif not args.otlp_allow_unbound:
+            log.warning("no pod list (no Kubernetes credentials): every OTLP push is refused as unbound")
+        routes = otlp_routes(
+            buffer,
+            pods=pods,
+            node_name=args.node_name,
+            allow_unbound=args.otlp_allow_unbound,
+            max_series_per_sender=args.max_series_per_pod,
+            series_idle=args.retention,
+        )
 
     auth = None
     if not args.insecure_serving:
