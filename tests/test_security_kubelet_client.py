@@ -1,7 +1,8 @@
 """The collector's kubelet client against hostile kubelets: raw TLS servers on loopback that answer with
 100 MB of headers, 100 000 header lines, a header that never ends, or a huge status line, scraped in
 the same cycle as honest (simulated) kubelets. Each hostile node must fail alone, with its reason
-counted, within bounded memory, while every honest node is scraped as usual."""
+counted, within bounded memory, while every honest node is scraped as usual. The agent collector's
+aiohttp client gets the same hostile answers from fake agents next to simulated ones."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pytest
 import trustme
 from prometheus_client import REGISTRY
 
+from kcms.collector.agents import AgentAccess, AgentCollector
 from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import Collector
 from kcms.kube.inventory import StaticInventory
 from kcms.model import NodeBatch
 from kcms.sim import SimulatedCluster
+from kcms.sim.agents import SimulatedAgents
+from kcms.store.series import SeriesStore
 
 MB = 1 << 20
 PIECE = b"a" * 65536
@@ -70,7 +74,7 @@ class HostileKubelet:
     """A raw TLS server that answers every request with ``stream()``'s bytes, written as fast as the
     client reads them, until the stream ends or the client hangs up. Counts what it sent."""
 
-    def __init__(self, stream, server_ctx: ssl.SSLContext) -> None:
+    def __init__(self, stream, server_ctx: ssl.SSLContext | None) -> None:
         self.stream = stream
         self.ctx = server_ctx
         self.sent = 0
@@ -218,3 +222,54 @@ async def test_header_bounds_are_exact_for_an_honest_looking_response(ca: trustm
                 await kubelet.stop()
     finally:
         pool.close()
+
+
+async def test_hostile_agents_fail_alone_within_bounded_memory(caplog) -> None:
+    """The same four answers from fake agents (plain HTTP, as simulated agents serve) next to
+    simulated agents: aiohttp's parser limits on the collector's session (8190-byte lines, 128
+    fields) cut each one off; the honest agents' samples are stored."""
+    caplog.set_level(logging.INFO)
+    cluster = SimulatedCluster(nodes=2, pods_per_node=2, containers_per_pod=1, seed=3, one_port_per_node=True)
+    hostile = {name: HostileKubelet(stream, None) for name, (stream, _) in HOSTILE.items()}
+    for agent in hostile.values():
+        await agent.start()
+    async with SimulatedAgents(cluster, period=3600.0, buffer_seconds=3600.0) as agents:
+        honest = list(agents.targets())
+        targets = honest + [(f"hostile/{n}", f"127.0.0.1:{a.port}") for n, a in hostile.items()]
+        store = SeriesStore()
+        collector = AgentCollector(
+            None,
+            store,
+            selector="",
+            targets=lambda: targets,
+            timeout=30.0,
+            access=AgentAccess(insecure_http=True),
+        )
+        before = {
+            n: REGISTRY.get_sample_value(
+                "kcms_agent_scrape_failures_total", {"target": f"hostile/{n}", "reason": "connection"}
+            )
+            or 0.0
+            for n in HOSTILE
+        }
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            assert await collector.run_cycle() == len(HOSTILE)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            await collector.stop()
+            for agent in hostile.values():
+                await agent.stop()
+        assert collector.stored > 0 and store.stats()["series"] > 0
+        for name in HOSTILE:
+            after = REGISTRY.get_sample_value(
+                "kcms_agent_scrape_failures_total", {"target": f"hostile/{name}", "reason": "connection"}
+            )
+            assert after == before[name] + 1, name
+    print(
+        f"hostile agents: peak traced memory {peak / MB:.1f} MiB; MiB sent {[round(a.sent / MB, 1) for a in hostile.values()]}"
+    )
+    assert peak < 32 * MB, peak  # 100 MB offered by each of four agents, none of it kept
+    assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text

@@ -310,7 +310,14 @@ class AgentCollector:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=max(60.0, 2 * self.interval))
             self._session = aiohttp.ClientSession(
-                connector=connector, headers={"Accept": "text/plain"}, skip_auto_headers=("User-Agent",)
+                connector=connector,
+                headers={"Accept": "text/plain"},
+                skip_auto_headers=("User-Agent",),
+                # A hostile agent's status line or header lines: at most 8190 bytes each and 128
+                # fields (~1 MiB in all, where Go's client allows 10 MiB), reason "connection".
+                max_line_size=8190,
+                max_field_size=8190,
+                max_headers=128,
             )
         return self._session
 
