@@ -188,7 +188,9 @@ class TargetAuthorizer:
             printable(user.name, 80),
             printable(error, 200),
         )
-        message = f"the access review could not be made ({printable(error, 200)}); retry later"
+        # the failure comes from the API server or the connection to it, not from the request: shown
+        # as is (bounded) to the pusher, escaped in the log line above
+        message = f"the access review could not be made ({error[:300]}); retry later"
         for t in pending:
             out[t] = (AUTHORIZATION_ERROR, message)
         return out
@@ -240,4 +242,4 @@ def _error_text(e: Exception) -> str:
     causes = (getattr(e, "details", None) or {}).get("causes") or []
     if causes and isinstance(causes[0], dict) and causes[0].get("message"):
         return str(causes[0]["message"])
-    return str(e) or type(e).__name__
+    return str(getattr(e, "message", "") or e) or type(e).__name__
