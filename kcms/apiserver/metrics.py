@@ -22,7 +22,8 @@ AUTHENTICATIONS = Counter(
 )
 AUTHORIZATIONS = Counter(
     "kcms_apiserver_authorization_decisions",
-    "Authorization outcomes (allowed, denied, always-allowed-path, error).",
+    "Authorization outcomes (allowed, denied, always-allowed-path, by-handler: authenticated and left to "
+    "the handler, which decides per item, error).",
     ["decision"],
 )
 SPOOFED_HEADERS = Counter(
