@@ -20,8 +20,8 @@ buffer already holds ``max_series_per_node`` series), and the bounds every inges
 (:mod:`kcms.limits`): ``future_timestamp`` (more than ``--max-future-skew`` ahead of the agent's
 clock: one such point would make every later real point of its series ``out_of_order``; a time
 before year 0001 is ``invalid_value``), ``metric_name_too_long`` (over 253 characters),
-``too_many_labels``, ``label_name_too_long``, ``label_value_too_long`` (a label's value or one of
-the object's resource, namespace and name over the limit). Refusals are logged at most once per
+``too_many_labels``, ``label_name_too_long``, ``label_value_too_long`` (a label's value over the
+limit, or the object's resource, namespace or name over 253 characters). Refusals are logged at most once per
 reason every ``LOG_EVERY`` seconds.
 
 Types: a metric whose name ends in ``_total`` is a counter, any other a gauge, unless a source
@@ -76,6 +76,9 @@ for _reason in REASONS:
 _METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
 _POINT = 16
+# A Kubernetes object name's bound (resource, namespace, name): what the collector's parser and the
+# store accept (kcms.sources.exposition.object_problem, kcms.sources.bounds.screen_rows).
+_MAX_OBJECT_FIELD = 253
 _MIN_MS = -62135596800000.0  # 0001-01-01T00:00:00Z: earlier times have no RFC 3339 form
 _pack = struct.Struct("=dd").pack
 _unpack_point = struct.Struct("=dd").unpack_from
@@ -245,10 +248,10 @@ class SampleBuffer:
         fields = (obj.resource, obj.namespace, obj.name)
         if not all(isinstance(s, str) for s in fields):
             raise _Refused("invalid_labels", f"object fields must be strings: {limits.printable(obj, 80)}")
-        if max(map(len, fields)) > limits.MAX_LABEL_VALUE_LENGTH:
+        if max(map(len, fields)) > _MAX_OBJECT_FIELD:
             raise _Refused(
                 limits.LABEL_VALUE_TOO_LONG,
-                f"an object name of {max(map(len, fields))} characters; at most {limits.MAX_LABEL_VALUE_LENGTH}",
+                f"an object name of {max(map(len, fields))} characters; at most {_MAX_OBJECT_FIELD}",
             )
         labels = _check_labels(labels)
         problem = limits.labels_problem(labels)

@@ -22,6 +22,12 @@ counted as duplicates (``kcms_collector_agent_duplicate_samples_total``), never 
 
 A caveat of ``since``: it is one timestamp per target, so a point the agent buffers later with an
 older timestamp than one already seen (a source read late) is not fetched again.
+
+The cursor never moves past the agent's own clock (its ``X-KCMS-Agent-Time`` header) nor past this
+collector's: the parser already refuses lines more than ``--max-future-skew`` ahead
+(``future_timestamp``), and a hostile or skewed agent that stamps points (or its header) ahead
+cannot make the collector skip its later real points. An agent whose clock runs ahead of ours sends
+its newest points again on the next scrape; the store counts them as duplicates.
 """
 
 from __future__ import annotations
@@ -147,6 +153,16 @@ def agent_access(args: Any, kube: KubeClient | None) -> AgentAccess:
         client_cert_file=getattr(args, "agent_client_certificate", "") or None,
         client_key_file=getattr(args, "agent_client_key", "") or None,
     )
+
+
+AGENT_TIME_HEADER = "X-KCMS-Agent-Time"  # the agent's clock when it made the body, ms
+
+
+def _agent_ms(value: str | None) -> int | None:
+    """The agent's clock from its header: a plain integer of milliseconds, else None (ignored)."""
+    if value is None or not 0 < len(value) <= 18 or not value.isascii() or not value.isdigit():
+        return None
+    return int(value)
 
 
 class _Failure(Exception):
@@ -375,7 +391,8 @@ class AgentCollector:
             except KeyError:
                 pass
 
-    async def _fetch(self, url: str) -> bytes:
+    async def _fetch(self, url: str) -> tuple[bytes, int | None]:
+        """The body and the agent's clock (``X-KCMS-Agent-Time``, ms; None if absent or not a number)."""
         limit = self.max_body_bytes
         try:
             async with self._get_session().get(url, **self._request_options()) as resp:
@@ -390,7 +407,7 @@ class AgentCollector:
                     if size > limit:
                         raise _Failure("too_large", f"body over {limit} bytes")
                     chunks.append(chunk)
-                return b"".join(chunks)
+                return b"".join(chunks), _agent_ms(resp.headers.get(AGENT_TIME_HEADER))
         except aiohttp.ClientConnectorCertificateError as e:  # an impostor, or a wrong CA / name
             raise _Failure("tls_verify", f"the agent's certificate does not verify: {e}") from None
         except (aiohttp.ClientSSLError, ssl.SSLError) as e:
@@ -408,7 +425,7 @@ class AgentCollector:
             t0 = time.monotonic()
             try:
                 async with asyncio.timeout(self.timeout):
-                    body = await self._fetch(url)
+                    body, agent_ms = await self._fetch(url)
                 samples, rejected = parse_exposition(body, max_bytes=self.max_body_bytes)
             except _Failure as e:
                 return self._failed(name, url, e.reason, str(e))
@@ -423,6 +440,12 @@ class AgentCollector:
             SCRAPE_DURATION.observe(time.monotonic() - t0)
         if samples:
             newest = round(max(s[3] for s in samples) * 1000)
+            # Never past the agent's clock nor ours: a point stamped ahead must not hide the
+            # agent's later real points (see the module docstring).
+            ceiling = round(time.time() * 1000)
+            if agent_ms is not None and agent_ms < ceiling:
+                ceiling = agent_ms
+            newest = min(newest, ceiling)
             if since is None or newest > since:
                 self._since[name] = newest
         dup = len(samples) - accepted

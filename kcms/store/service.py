@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from kcms.limits import printable
 from kcms.model import ObjectRef
 from kcms.selectors import SelectorError, parse_label_selector
+from kcms.sources.bounds import SAMPLE_REASONS, screen_rows
 from kcms.store import wire
 from kcms.store.resource import ResourceStore
 from kcms.store.ring import Ring, node_key
@@ -50,6 +51,11 @@ LATENCY = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 SAMPLES = Counter("kcms_store_samples_total", "Samples written to this replica, by outcome.", ["outcome"])
+SAMPLE_REFUSALS = Counter(
+    "kcms_store_refused_samples_total", "Samples a store write refused for a bound, by reason.", ["reason"]
+)
+for _reason in SAMPLE_REASONS:
+    SAMPLE_REFUSALS.labels(_reason)
 REFILLED = Counter("kcms_store_refilled_total", "What refills and repairs copied in, by kind.", ["kind"])
 SERIES = Gauge("kcms_store_series", "Custom-metric series held by this replica.")
 AUTH_FAILURES = Counter(
@@ -313,7 +319,13 @@ class StoreService:
         return wire.WriteAck(len(body.nodes), accepted, refused)
 
     def _append(self, block: wire.SampleBlock) -> tuple[int, int]:
-        accepted, refused = self.series.append_block(block.strings, block.labels, block.rows)
+        # The bounds every ingestion path shares (future skew, name and label sizes): whoever holds
+        # the store token cannot plant a far-future point that stalls a series, or a huge name.
+        rows, bounded = screen_rows(block.strings, block.labels, block.rows)
+        for reason, n in bounded.items():
+            SAMPLE_REFUSALS.labels(reason).inc(n)
+        accepted, refused = self.series.append_block(block.strings, block.labels, rows)
+        refused += len(block.rows) - len(rows)
         SAMPLES.labels("accepted").inc(accepted)
         if refused:
             SAMPLES.labels("refused").inc(refused)
