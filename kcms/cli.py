@@ -296,6 +296,30 @@ def add_serving_flags(p: argparse.ArgumentParser, default_port: int = 443) -> No
     )
     g.add_argument("--tls-private-key-file", default="", metavar="FILE", help="key of --tls-cert-file")
     g.add_argument("--tls-min-version", choices=TLS_VERSIONS, default="", help="minimum TLS version")
+    g.add_argument(
+        "--request-header-timeout",
+        type=parse_duration,
+        default=32.0,
+        metavar="DURATION",
+        help="a connection's request line and headers must arrive within this time, else it is closed "
+        "(default 32s, as the kube-apiserver); idle keep-alive connections close after 90s, a body "
+        "not received within 60s closes its connection",
+    )
+    g.add_argument(
+        "--max-requests-inflight",
+        type=int,
+        default=400,
+        metavar="N",
+        help="read-only requests served at once; more are answered 429 with Retry-After (default 400; "
+        "0: no limit; health probes are exempt)",
+    )
+    g.add_argument(
+        "--max-mutating-requests-inflight",
+        type=int,
+        default=200,
+        metavar="N",
+        help="mutating requests (pushes) served at once; more are answered 429 (default 200; 0: no limit)",
+    )
 
 
 def add_auth_flags(p: argparse.ArgumentParser) -> None:
@@ -397,6 +421,11 @@ def validate_kubelet_flags(p: argparse.ArgumentParser, args: argparse.Namespace)
 def validate_serving_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         p.error("arguments --tls-cert-file and --tls-private-key-file must be given together")
+    if not args.request_header_timeout > 0:
+        p.error("argument --request-header-timeout: must be positive")
+    for flag in ("max_requests_inflight", "max_mutating_requests_inflight"):
+        if getattr(args, flag) < 0:
+            p.error(f"argument --{flag.replace('_', '-')}: must be 0 (no limit) or more")
 
 
 def _check_files(p: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:

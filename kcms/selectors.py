@@ -37,6 +37,25 @@ _DNS1123_SUBDOMAIN_RE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
 )
 _INT_RE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_INT64_DIGITS = 19  # 2**63 has 19 digits: longer numbers are out of range, not parsed at all
+
+
+def _int64(text: str) -> int | None:
+    """``text`` as an int64 (apimachinery's ``strconv.ParseInt(v, 10, 64)``), or None.
+
+    The length is checked before ``int()``: a client's 5 000-digit number must neither cost
+    quadratic time nor hit Python's digit limit (a ValueError that is not a SelectorError)."""
+    if not _INT_RE.fullmatch(text) or len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def _shown(text: str, limit: int = 100) -> str:
+    """``repr(text)``, cut to ``limit`` characters: error messages stay bounded."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}...({len(text)} characters)"
 
 
 def validate_label_key(key: str) -> str | None:
@@ -44,18 +63,18 @@ def validate_label_key(key: str) -> str | None:
     prefix, slash, name = key.rpartition("/")
     if slash:
         if not prefix:
-            return f"prefix part of {key!r} must be non-empty"
+            return f"prefix part of {_shown(key)} must be non-empty"
         if len(prefix) > 253:
-            return f"prefix part of {key!r} must be no more than 253 characters"
+            return f"prefix part of {_shown(key)} must be no more than 253 characters"
         if not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix):
-            return f"prefix part of {key!r} must be a lowercase RFC 1123 subdomain"
+            return f"prefix part of {_shown(key)} must be a lowercase RFC 1123 subdomain"
     if not name:
-        return f"name part of {key!r} must be non-empty"
+        return f"name part of {_shown(key)} must be non-empty"
     if len(name) > 63:
-        return f"name part of {key!r} must be no more than 63 characters"
+        return f"name part of {_shown(key)} must be no more than 63 characters"
     if not _NAME_RE.fullmatch(name):
         return (
-            f"name part of {key!r} must consist of alphanumeric characters, '-', '_' or '.', "
+            f"name part of {_shown(key)} must consist of alphanumeric characters, '-', '_' or '.', "
             "and must start and end with an alphanumeric character"
         )
     return None
@@ -66,10 +85,10 @@ def validate_label_value(value: str) -> str | None:
     if not value:
         return None
     if len(value) > 63:
-        return f"values[0][{value}]: must be no more than 63 characters"
+        return f"values[0][{_shown(value)}]: must be no more than 63 characters"
     if not _NAME_RE.fullmatch(value):
         return (
-            f"invalid label value: {value!r}: a valid label must be an empty string or consist of "
+            f"invalid label value: {_shown(value)}: a valid label must be an empty string or consist of "
             "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
         )
     return None
@@ -95,12 +114,11 @@ class Requirement:
             return value is not None and value in self.values
         if op in ("!=", "notin"):
             return value is None or value not in self.values
-        # > and <: both sides must be integers
-        if value is None or not _INT_RE.fullmatch(value):
+        # > and <: both sides must be integers (apimachinery parses label values as int64)
+        have = None if value is None else _int64(value)
+        want = _int64(self.values[0])
+        if have is None or want is None:
             return False
-        have, want = int(value), int(self.values[0])
-        if not -(2**63) <= have < 2**63:
-            return False  # apimachinery parses label values as int64
         return have > want if op == ">" else have < want
 
     def __str__(self) -> str:
@@ -180,7 +198,7 @@ class _LabelParser:
         return tok
 
     def fail(self, msg: str, pos: int) -> SelectorError:
-        return SelectorError(f"unable to parse requirement: {msg} (at position {pos} of {self.text!r})")
+        return SelectorError(f"unable to parse requirement: {msg} (at position {pos} of {_shown(self.text)})")
 
     def parse(self) -> LabelSelector:
         reqs: list[Requirement] = []
@@ -192,7 +210,7 @@ class _LabelParser:
             if kind == "eos":
                 break
             if lit != ",":
-                raise self.fail(f"found {lit!r}, expected: ',' or end of string", pos)
+                raise self.fail(f"found {_shown(lit)}, expected: ',' or end of string", pos)
             if self.peek()[0] == "eos":
                 raise self.fail("found end of string, expected: identifier or '!'", len(self.text))
         reqs.sort(key=lambda r: r.key)
@@ -205,7 +223,7 @@ class _LabelParser:
             raise self.fail(f"found {found}, expected: identifier", pos)
         why = validate_label_key(lit)
         if why:
-            raise self.fail(f"invalid label key {lit!r}: {why}", pos)
+            raise self.fail(f"invalid label key {_shown(lit)}: {why}", pos)
         return lit, pos
 
     def requirement(self) -> Requirement:
@@ -233,11 +251,11 @@ class _LabelParser:
             self.take()
             value = vlit
         else:
-            raise self.fail(f"found {vlit!r}, expected: identifier", vpos)
+            raise self.fail(f"found {_shown(vlit)}, expected: identifier", vpos)
         if op in (">", "<"):
-            if not _INT_RE.fullmatch(value) or not -(2**63) <= int(value) < 2**63:
+            if _int64(value) is None:
                 raise self.fail(
-                    f"for 'Gt', 'Lt' operators, the value must be an integer, not {value!r}", vpos
+                    f"for 'Gt', 'Lt' operators, the value must be an integer, not {_shown(value, 40)}", vpos
                 )
         else:
             why = validate_label_value(value)
@@ -248,7 +266,7 @@ class _LabelParser:
     def value_set(self) -> list[str]:
         kind, lit, pos = self.take()
         if lit != "(":
-            raise self.fail(f"found {lit!r}, expected: '('", pos)
+            raise self.fail(f"found {_shown(lit)}, expected: '('", pos)
         values: list[str] = []
         expect_value = True
         while True:
@@ -271,7 +289,7 @@ class _LabelParser:
                 values.append(lit)
                 expect_value = False
                 continue
-            raise self.fail(f"found {lit!r}, expected: ',' or ')'", pos)
+            raise self.fail(f"found {_shown(lit)}, expected: ',' or ')'", pos)
         return values
 
 
@@ -358,13 +376,15 @@ def _unescape_field_value(value: str, selector: str) -> str:
         if c == "\\":
             if i + 1 >= n or value[i + 1] not in "\\,=":
                 raise SelectorError(
-                    f"invalid field selector {selector!r}: invalid escape sequence in {value!r}"
+                    f"invalid field selector {_shown(selector)}: invalid escape sequence in {_shown(value)}"
                 )
             out.append(value[i + 1])
             i += 2
             continue
         if c in ",=":
-            raise SelectorError(f"invalid field selector {selector!r}: unescaped {c!r} in value {value!r}")
+            raise SelectorError(
+                f"invalid field selector {_shown(selector)}: unescaped {c!r} in value {_shown(value)}"
+            )
         out.append(c)
         i += 1
     return "".join(out)
@@ -398,10 +418,10 @@ def parse_field_selector(text: str, allowed: set[str] | frozenset[str]) -> Field
                 break
             i += 1
         if idx < 0:
-            raise SelectorError(f"invalid field selector {text!r}: can't understand {part!r}")
+            raise SelectorError(f"invalid field selector {_shown(text)}: can't understand {_shown(part)}")
         field = part[:idx].strip()
         value = _unescape_field_value(part[idx + len(op) :].strip(), text)
         if field not in allowed:
-            raise SelectorError(f"field label not supported: {field!r}")
+            raise SelectorError(f"field label not supported: {_shown(field)}")
         reqs.append(FieldRequirement(field, op, value))
     return FieldSelector(tuple(reqs))

@@ -272,9 +272,9 @@ async def test_review_failures_when_the_kube_apiserver_is_down(pki: PKI, fake_ku
         # the token cannot be reviewed: unauthenticated (401), as kube answers
         status, _, body = await fetch(server, pki.client_ctx(), f"/apis/{GROUP}/v1/whoami", bearer("t"))
         assert status == 401 and body["reason"] == "Unauthorized"
-        # the access cannot be reviewed: an internal error (500), never an allow
+        # the access cannot be reviewed: unavailable (503, kube says 500), never an allow
         status, _, body = await fetch(server, kim, f"/apis/{GROUP}/v1/widgets")
-        assert status == 500 and body["reason"] == "InternalError"
+        assert status == 503 and body["reason"] == "ServiceUnavailable"
         assert "authorization check failed" in body["message"]
         # health endpoints do not depend on the kube-apiserver
         assert (await fetch(server, pki.client_ctx(), "/readyz"))[0] == 200

@@ -26,6 +26,7 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from kcms.limits import printable
 from kcms.model import UserInfo
 
 from .metrics import SPOOFED_HEADERS
@@ -229,7 +230,7 @@ class Authenticator:
                     from_client_ca=issued_by(leaf, self._client_cas),
                 )
             except ValueError as e:
-                log.warning("unparseable client certificate: %s", e)
+                log.warning("unparseable client certificate: %s", printable(e))
         self._peers[ssl_object] = peer
         return peer
 
@@ -248,17 +249,17 @@ class Authenticator:
         if peer is None or not peer.from_requestheader_ca:
             SPOOFED_HEADERS.inc()
             self._warn(
-                "ignoring request-header identity %r from %s: no client certificate from the request-header CA",
-                name,
-                request.remote,
+                "ignoring request-header identity %s from %s: no client certificate from the request-header CA",
+                printable(name, 80),
+                printable(request.remote or "", 60),
             )
             return None
         if self._allowed and peer.common_name not in self._allowed:
             SPOOFED_HEADERS.inc()
             self._warn(
-                "ignoring request-header identity %r: front-proxy certificate CN %r is not in the allowed names",
-                name,
-                peer.common_name,
+                "ignoring request-header identity %s: front-proxy certificate CN %s is not in the allowed names",
+                printable(name, 80),
+                printable(peer.common_name, 80),
             )
             return None
         groups: list[str] = []
@@ -303,7 +304,7 @@ class Authenticator:
             try:
                 user = await self.token_reviewer.authenticate(token)
             except Exception as e:  # the review could not be made: kube answers 401 too
-                log.error("token review failed: %s", e)
+                log.error("token review failed: %s", printable(e, 200))
                 user = None
             if user is None:
                 return AuthnResult(None, "invalid-token")

@@ -7,9 +7,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
 
-from .responses import StatusError, forbidden, internal_error
+from .responses import StatusError, forbidden, service_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Authorizer:
         return path in self.opts.handler_authorized_paths
 
     async def authorize(self, user: UserInfo, attrs: RequestAttributes) -> tuple[bool, str]:
-        """(allowed, reason); raises a 500 :class:`StatusError` when the reviewer fails."""
+        """(allowed, reason); raises a 503 :class:`StatusError` when the reviewer fails."""
         if self.opts.allow_all:
             return True, "allow-all"
         if self._groups.intersection(user.groups):
@@ -98,6 +99,7 @@ class Authorizer:
             return False, "no authorizer configured"
         try:
             return await self.opts.access_reviewer.authorize(user, attrs)
-        except Exception as e:  # the review could not be made: kube answers 500
-            log.error("access review failed: %s", e)
-            raise internal_error(f"authorization check failed: {e}") from e
+        except Exception as e:  # the review could not be made (kube-apiserver down, own token unreadable)
+            # kube answers 500; a dependency being unavailable is not a server bug: 503, retry later
+            log.error("access review failed: %s", printable(e, 200))
+            raise service_unavailable(f"authorization check failed: {printable(e, 200)}") from e

@@ -1,9 +1,12 @@
 """``AggregatedAPIServer``: HTTPS, authentication, authorization, discovery, OpenAPI, health and
 own metrics around the routes of the installed API group versions.
 
-Every request goes through one middleware: attributes -> authentication -> authorization ->
-handler, with errors turned into ``Status`` objects and the outcome counted in Prometheus metrics.
-Handlers find the caller in ``request["user"]`` and the attributes in ``request["attributes"]``.
+Every request goes through one middleware: attributes -> max-in-flight (probes exempt) ->
+authentication -> authorization -> handler, with errors turned into ``Status`` objects and the
+outcome counted in Prometheus metrics. Handlers find the caller in ``request["user"]`` and the
+attributes in ``request["attributes"]``. The listener is guarded by :mod:`kcms.httpguard` (header,
+idle and body deadlines; protocol errors answered as ``Status``). Every request-derived string in
+a log line goes through :func:`kcms.limits.printable`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any
 
 import prometheus_client
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
+from kcms.httpguard import ACCEPTED_ENCODINGS, GuardedRunner, GuardOptions
+from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
 from kcms.tasks import cancel_and_wait
 
@@ -26,6 +32,7 @@ from .authn import ANONYMOUS, Authenticator, AuthnOptions, load_ca_certs, resolv
 from .authz import Authorizer, AuthzOptions, forbidden_error
 from .discovery import APIGroupVersion, Discovery
 from .health import CheckFn, Health
+from .inflight import RETRY_AFTER, InflightLimiter, is_probe
 from .openapi import OpenAPICache
 from .responses import (
     StatusError,
@@ -39,6 +46,7 @@ from .responses import (
     status_response,
     unauthorized,
 )
+from .responses import bad_request as _bad_request
 from .serving import CertReloader, ServingOptions, resolve_cert_files
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,11 @@ VERSION_INFO = {
 _KNOWN_VERBS = frozenset(
     "get list watch create update patch delete deletecollection proxy head post put options".split()
 )
+# The resource label of the request metrics names only a resource the group version lists in its
+# discovery (first path segment: "pods" of "pods/<metric>"), and at most this many distinct ones;
+# anything else is "other" (a client may ask for any resource name, and an external metric's
+# resource is its name).
+MAX_RESOURCE_LABELS = 64
 USER = web.RequestKey("user", UserInfo)  # typed keys; the same values are also under "user"/"attributes"
 ATTRIBUTES = web.RequestKey("attributes", RequestAttributes)
 _str_keys_quiet = False
@@ -100,7 +113,12 @@ class AggregatedAPIServer:
         self.authorizer = Authorizer(authz)
         self.reloader: CertReloader | None = None
         self.app = web.Application(middlewares=[self._middleware], client_max_size=1 << 20)
+        self.limiter = InflightLimiter(
+            serving.max_requests_inflight, serving.max_mutating_requests_inflight, serving.executing_requests
+        )
         self._openapi = OpenAPICache()
+        self._resource_labels: set[tuple[str, str]] = set()  # (group, resource) seen as labels
+        self._served: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # gv -> (when, names)
         self._generation = 0
         self._runner: web.AppRunner | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -164,7 +182,13 @@ class AggregatedAPIServer:
             self.serving.tls_min_version,
             self.serving.reload_interval,
         )
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        guard = GuardOptions(
+            header_timeout=self.serving.request_header_timeout,
+            idle_timeout=self.serving.idle_timeout,
+            body_timeout=self.serving.body_timeout,
+            listener="apiserver",
+        )
+        self._runner = GuardedRunner(self.app, guard, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(
             self._runner,
@@ -269,14 +293,21 @@ class AggregatedAPIServer:
         _store(request, ATTRIBUTES, "attributes", attrs)
         code = 500
         try:
-            resp = await self._serve(request, handler, attrs)
+            if is_probe(request.path):  # probes never queue behind list traffic
+                resp = await self._serve(request, handler, attrs)
+            else:
+                async with self.limiter.admit(request.method):
+                    resp = await self._serve(request, handler, attrs)
             code = resp.status
             return resp
         except StatusError as e:
             code = e.code
-            return status_response(request, e)
+            resp = status_response(request, e)
+            if code == 429:
+                resp.headers["Retry-After"] = str(RETRY_AFTER)
+            return resp
         except Exception as e:  # a failure outside the handler (authentication, ...)
-            log.exception("request %s %s failed", request.method, request.path)
+            log.exception("request %s %s failed", printable(request.method, 16), printable(request.path))
             err = internal_error(f"{type(e).__name__}: {e}")
             return status_response(request, err)
         finally:
@@ -288,13 +319,28 @@ class AggregatedAPIServer:
         """Bounded label values: paths from unauthenticated or unknown requests never become labels."""
         verb = attrs.verb if attrs.verb in _KNOWN_VERBS else "other"
         group = resource = ""
-        if (
-            attrs.resource_request
-            and code not in (401, 404)
-            and self.discovery.find(attrs.api_group, attrs.api_version) is not None
-        ):
-            group, resource = attrs.api_group, attrs.resource
+        if attrs.resource_request and code not in (401, 404):
+            gv = self.discovery.find(attrs.api_group, attrs.api_version)
+            if gv is not None:
+                group, resource = attrs.api_group, self._resource_label(gv, attrs.resource)
         return verb, group, resource, str(code)
+
+    def _resource_label(self, gv: APIGroupVersion, resource: str) -> str:
+        """``resource`` when ``gv`` lists it and the label budget allows, else ``"other"``."""
+        key = (gv.group, resource)
+        if key in self._resource_labels:
+            return resource
+        if len(self._resource_labels) >= MAX_RESOURCE_LABELS:
+            return "other"
+        now = time.monotonic()
+        cached = self._served.get((gv.group, gv.version))
+        if cached is None or now - cached[0] > 1.0:  # at most one discovery walk a second
+            names = frozenset(str(r.get("name", "")).split("/", 1)[0] for r in gv.resource_list())
+            cached = self._served[(gv.group, gv.version)] = (now, names)
+        if resource not in cached[1]:
+            return "other"
+        self._resource_labels.add(key)
+        return resource
 
     async def _serve(
         self,
@@ -312,16 +358,29 @@ class AggregatedAPIServer:
                 raise unauthorized()
             user = ANONYMOUS
         _store(request, USER, "user", user)
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ACCEPTED_ENCODINGS and request.body_exists:  # the guard refuses it first
+            raise StatusError(415, "UnsupportedMediaType", "unsupported Content-Encoding")
         if always:
             metrics.AUTHORIZATIONS.labels("always-allowed-path").inc()
         elif self.authorizer.handler_authorizes(request.path):  # authenticated; the handler decides per item
             metrics.AUTHORIZATIONS.labels("by-handler").inc()
         else:
             await self._authorize(user, attrs)
+        if attrs.verb == "watch" and attrs.resource_request:
+            self._check_watchable(attrs)
         try:
             return await handler(request)
         except StatusError:
             raise
+        except (RequestPayloadError, ConnectionError) as e:  # the client's broken body or hang-up
+            log.info(
+                "request %s %s: the body could not be read: %s",
+                printable(request.method, 16),
+                printable(request.path),
+                printable(e),
+            )
+            raise _bad_request("the request body could not be read") from None
         except web.HTTPNotFound as e:
             raise path_not_found() from e
         except web.HTTPMethodNotAllowed as e:
@@ -331,8 +390,27 @@ class AggregatedAPIServer:
                 return web.Response(status=e.status, headers=e.headers)
             raise StatusError(e.status, e.reason.replace(" ", ""), e.text or e.reason) from e
         except Exception as e:
-            log.exception("handler for %s %s failed", request.method, request.path)
+            log.exception("handler for %s %s failed", printable(request.method, 16), printable(request.path))
             raise internal_error(f"{type(e).__name__}: {e}") from e
+
+    def _check_watchable(self, attrs: RequestAttributes) -> None:
+        """405 for ``watch=true`` on a resource that does not list ``watch`` among its verbs, as the
+        generic apiserver answers for storage without a watcher (metrics-server's resources)."""
+        gv = self.discovery.find(attrs.api_group, attrs.api_version)
+        if gv is None:
+            return  # not ours: the router answers 404
+        for res in gv.resource_list():
+            if res.get("name") == attrs.resource:
+                if "watch" in res.get("verbs", ()):
+                    return
+                break
+        qualified = f"{attrs.resource}.{attrs.api_group}" if attrs.api_group else attrs.resource
+        raise StatusError(
+            405,
+            "MethodNotAllowed",
+            f'watch is not supported on resources of kind "{qualified}"',
+            {"group": attrs.api_group, "kind": attrs.resource},
+        )
 
     async def _authorize(self, user: UserInfo, attrs: RequestAttributes) -> None:
         try:
@@ -342,7 +420,13 @@ class AggregatedAPIServer:
             raise
         metrics.AUTHORIZATIONS.labels("allowed" if allowed else "denied").inc()
         if not allowed:
-            log.info("forbidden: %s %s for %s: %s", attrs.verb, attrs.path, user.name, reason)
+            log.info(
+                "forbidden: %s %s for %s: %s",
+                printable(attrs.verb, 32),
+                printable(attrs.path),
+                printable(user.name, 80),
+                printable(reason),
+            )
             raise forbidden_error(user, attrs, reason)
 
     # ---- built-in endpoints -------------------------------------------------------------

@@ -39,6 +39,17 @@ class ServingOptions:
     tls_min_version: str = ""  # "", "VersionTLS12" or "VersionTLS13"
     alternate_names: tuple[str, ...] = ()
     reload_interval: float = 3.0  # seconds between checks of the certificate files' mtimes
+    # Connection deadlines (kcms.httpguard; kube-apiserver's values): request line and headers
+    # due within request_header_timeout (--request-header-timeout), a kept-alive connection closed
+    # after idle_timeout without a request, a request body due within body_timeout.
+    request_header_timeout: float = 32.0
+    idle_timeout: float = 90.0
+    body_timeout: float = 60.0
+    # Overload protection (kcms.apiserver.inflight): --max-requests-inflight and
+    # --max-mutating-requests-inflight, 0 = no limit; executing_requests run at once, others queue.
+    max_requests_inflight: int = 400
+    max_mutating_requests_inflight: int = 200
+    executing_requests: int = 4
 
 
 def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from kcms.heap import HeapFreezer
+from kcms.httpguard import GuardedRunner, GuardOptions
 from kcms.store import wire
 from kcms.store.client import StoreClient, StoreError, client_ssl_context
 from kcms.store.cluster import StoreCluster
@@ -114,7 +115,9 @@ class StoreReplica:
         if args.tls_cert_file:
             ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_ctx.load_cert_chain(args.tls_cert_file, args.tls_private_key_file)
-        self._runner = web.AppRunner(self.service.app, access_log=None, handle_signals=False)
+        self._runner = GuardedRunner(
+            self.service.app, GuardOptions(listener="store"), access_log=None, handle_signals=False
+        )
         await self._runner.setup()
         site = web.TCPSite(
             self._runner, args.bind_address, args.port, ssl_context=ssl_ctx, reuse_address=True
