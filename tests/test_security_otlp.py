@@ -28,6 +28,7 @@ import aiohttp
 import orjson
 import pytest
 from fakeapi import FakeKubeAPI, make_pod
+from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -161,7 +162,7 @@ class Node:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.agent.port}"
+        return self.url.removesuffix("/v1/metrics")
 
     async def export(self, ip: str, req: ExportMetricsServiceRequest) -> ExportMetricsServiceResponse:
         """POST ``req`` from a socket bound to ``ip`` (as the pod with that IP would)."""
@@ -189,7 +190,7 @@ async def post_from(ip: str, url: str, body: bytes, headers: dict | None = None)
 
 
 @contextlib.asynccontextmanager
-async def running_agent(fake: FakeKubeAPI, **otlp) -> AsyncIterator[Node]:
+async def running_agent(fake: FakeKubeAPI, listen: str = "127.0.0.1:0", **otlp) -> AsyncIterator[Node]:
     client = await KubeClient.load(str(fake.kubeconfig))
     informer = pod_informer(client, NODE)
     await informer.start()
@@ -201,10 +202,11 @@ async def running_agent(fake: FakeKubeAPI, **otlp) -> AsyncIterator[Node]:
         max_series_per_sender=buffer.max_series_per_pod,
         **otlp,
     )
-    agent = Agent(buffer, {}, interval=3600, listen="127.0.0.1:0", extra_routes=routes)
+    agent = Agent(buffer, {}, interval=3600, listen=listen, extra_routes=routes)
     await agent.start()
+    host = listen.rpartition(":")[0]
     try:
-        yield Node(agent, buffer, f"http://127.0.0.1:{agent.port}/v1/metrics")
+        yield Node(agent, buffer, f"http://{host}:{agent.port}/v1/metrics")
     finally:
         await agent.stop()
         await informer.stop()
@@ -326,6 +328,12 @@ async def test_senders_that_are_not_one_pod_of_this_node_are_refused(node: Node,
         assert f"2 {reason}" in resp.partial_success.error_message
         assert "--otlp-allow-unbound" in resp.partial_success.error_message
         assert rejected(reason) == before + 2
+    # the same in OTLP/JSON
+    body = json_format.MessageToJson(gauge_req([claim])).encode()
+    status, raw = await post_from(NOBODY_IP, node.url, body, {"Content-Type": "application/json"})
+    assert status == 200
+    answer = orjson.loads(raw)["partialSuccess"]
+    assert answer["rejectedDataPoints"] == "1" and "unbound_sender" in answer["errorMessage"]
     assert node.buffer.series() == []
     assert await node.healthy()
     no_traceback(caplog)
@@ -405,6 +413,22 @@ async def test_before_the_pod_list_is_in_pushes_are_retried_not_lost(caplog):
         assert buffer.series() == []
     finally:
         await agent.stop()
+    no_traceback(caplog)
+
+
+async def test_an_ipv6_sender_is_bound_by_its_podips_entry(fake_kube: FakeKubeAPI, caplog):
+    """Dual-stack: the pod's IPv6 address (written non-canonically in status.podIPs) binds a sender
+    connecting over IPv6; its claim on another pod is refused as from any address."""
+    cluster(fake_kube)
+    v6 = pod("shop", "v6-1", "10.244.0.20")
+    v6["status"]["podIPs"] = [{"ip": "10.244.0.20"}, {"ip": "0:0:0:0:0:0:0:1"}]
+    fake_kube.upsert(v6)
+    async with running_agent(fake_kube, listen="[::1]:0") as node:
+        resp = await node.export("::1", gauge_req([({}, "up", 1.0), ({"k8s.pod.name": API.name}, "q", 9.0)]))
+        assert resp.partial_success.rejected_data_points == 1
+        assert "foreign_pod" in resp.partial_success.error_message
+        assert node.latest() == {("up", ObjectRef("pods", "shop", "v6-1"), ()): 1.0}
+        assert await node.healthy()
     no_traceback(caplog)
 
 
