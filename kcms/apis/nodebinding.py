@@ -296,6 +296,38 @@ def _metric_problem(metric: str) -> str | None:
     return None if _METRIC_RE.fullmatch(metric) else INVALID_METRIC_NAME
 
 
+def _series_verdict(
+    metric: str,
+    resource: str,
+    namespace: str,
+    name: str,
+    labels: Any,
+    scope: NodeScope,
+    metrics: dict[str, str | None],
+    objects: dict[tuple[str, str, str], ObjectRef | str],
+) -> tuple[str, ObjectRef, Labels] | str:
+    """A series' metric name, object and labels as the store takes them, or why they are refused."""
+    reason = metrics.get(metric, "")
+    if reason == "":
+        reason = metrics[metric] = _metric_problem(metric)
+    if reason is not None:
+        return reason
+    key = (resource, namespace, name)
+    obj = objects.get(key)
+    if obj is None:
+        if object_problem(resource, namespace, name) is not None:
+            obj = INVALID_OBJECT
+        else:
+            obj = scope.object_reason(resource, namespace, name) or ObjectRef(resource, namespace, name)
+        objects[key] = obj
+    if isinstance(obj, str):
+        return obj
+    lb = _labels(labels)
+    if isinstance(lb, str):
+        return lb
+    return metric, obj, lb
+
+
 def bound_samples(
     samples: Iterable[tuple[Any, ...]],
     scope: NodeScope,
@@ -306,49 +338,42 @@ def bound_samples(
     refusals: Refusals,
 ) -> list[tuple[str, ObjectRef, Labels, float, float]]:
     """The ``(metric, resource, namespace, name, labels, timestamp, value)`` samples its sender may
-    report and that fit the bounds and ``quota`` (new series are recorded against ``writer`` at
-    ``now`` as they are admitted, so one push cannot overshoot), as series-store samples; every
-    refusal counted in ``refusals``. Checks are cached per distinct metric, object and label set."""
+    report and that fit the bounds and ``quota``, as series-store samples; every refusal counted in
+    ``refusals``. Each distinct series is checked once per push (an agent sending its whole buffer
+    carries many points of each), and asked of the quota once, with its first usable point: a new
+    series is recorded against ``writer`` at ``now`` as it is admitted, so one push cannot overshoot."""
     good: list[tuple[str, ObjectRef, Labels, float, float]] = []
     metrics: dict[str, str | None] = {}
     objects: dict[tuple[str, str, str], ObjectRef | str] = {}
-    labelsets: dict[Any, Labels | str] = {(): ()}
+    verdicts: dict[tuple[Any, ...], tuple[str, ObjectRef, Labels] | str] = {}
+    admitted: dict[tuple[Any, ...], str | None] = {}
     isfinite = math.isfinite
     for metric, resource, namespace, name, labels, ts, value in samples:
-        reason = metrics.get(metric, "")
-        if reason == "":
-            reason = metrics[metric] = _metric_problem(metric)
-        if reason is None:
-            key = (resource, namespace, name)
-            obj = objects.get(key)
-            if obj is None:
-                if object_problem(resource, namespace, name) is not None:
-                    obj = INVALID_OBJECT
-                else:
-                    obj = scope.object_reason(resource, namespace, name) or ObjectRef(
-                        resource, namespace, name
-                    )
-                objects[key] = obj
-            if isinstance(obj, str):
-                reason = obj
-        if reason is None:
-            lb = labelsets.get(labels)
-            if lb is None:
-                lb = labelsets[labels] = _labels(labels)
-            if isinstance(lb, str):
-                reason = lb
-        if reason is None:
-            if not (isfinite(ts) and isfinite(value)):
-                reason = NON_FINITE_VALUE
-            elif ts > future:
-                reason = limits.FUTURE_TIMESTAMP
-        if reason is None:
-            series = hash((metric, obj, lb))
-            reason = quota.check(writer, metric, series)
+        series = (metric, resource, namespace, name, labels)
+        verdict = verdicts.get(series)
+        if verdict is None:
+            verdict = verdicts[series] = _series_verdict(
+                metric, resource, namespace, name, labels, scope, metrics, objects
+            )
+        if verdict.__class__ is str:
+            refusals["sample", verdict] += 1  # type: ignore[index]
+            continue
+        if not (isfinite(ts) and isfinite(value)):
+            refusals["sample", NON_FINITE_VALUE] += 1
+            continue
+        if ts > future:
+            refusals["sample", limits.FUTURE_TIMESTAMP] += 1
+            continue
+        try:
+            reason = admitted[series]
+        except KeyError:
+            key = hash(series)
+            reason = admitted[series] = quota.check(writer, metric, key)
             if reason is None:
-                quota.record(writer, metric, series, now)
+                quota.record(writer, metric, key, now)
         if reason is not None:
             refusals["sample", reason] += 1
             continue
-        good.append((metric, obj, lb, float(ts), float(value)))  # type: ignore[arg-type]
+        m, obj, lb = verdict  # type: ignore[misc]
+        good.append((m, obj, lb, float(ts), float(value)))
     return good
