@@ -492,7 +492,7 @@ async def test_future_timestamps_and_oversized_items_are_refused_alone(make_clus
             ("sample", "too_many_labels"),
             ("pod", "too_many_containers"),
             ("container", "invalid_container_name"),
-            ("container", "invalid_reading"),
+            ("container", "negative"),
             ("sample", "unsupported"),
         ]
     }
@@ -557,10 +557,10 @@ async def test_future_timestamps_and_oversized_items_are_refused_alone(make_clus
             )
         ]
     )
-    before = refused("container", "invalid_container_name"), refused("container", "invalid_reading")
+    before = refused("container", "invalid_container_name"), refused("container", "negative")
     status, ack = await c.push(write, token="node-a-token")
     assert status == 200 and ack == WriteAck(nodes=1, samples=0, refused=2)
-    assert (refused("container", "invalid_container_name"), refused("container", "invalid_reading")) == (
+    assert (refused("container", "invalid_container_name"), refused("container", "negative")) == (
         before[0] + 1,
         before[1] + 1,
     )

@@ -47,6 +47,7 @@ from typing import Any
 from kcms import limits
 from kcms.apis.quota import SeriesQuota
 from kcms.model import Inventory, Labels, NodeBatch, ObjectRef, ResourcePoint, UserInfo
+from kcms.sources.bounds import point_problem
 from kcms.sources.exposition import object_problem
 from kcms.store.wire import WireNode, WirePoint
 
@@ -81,7 +82,6 @@ POD_NOT_ON_NODE = "pod_not_on_node"
 OBJECT_NOT_BOUND = "object_not_bound"
 NAMESPACE_NOT_ON_NODE = "namespace_not_on_node"
 # ... and of the items' contents
-INVALID_READING = "invalid_reading"
 INVALID_CONTAINER_NAME = "invalid_container_name"
 TOO_MANY_CONTAINERS = "too_many_containers"
 INVALID_METRIC_NAME = "invalid_metric_name"
@@ -224,14 +224,12 @@ class NodeScope:
 Refusals = Counter  # (item, reason) -> count; item is "node", "pod", "container" or "sample"
 
 
-def _reading_problem(point: WirePoint, future: float) -> str | None:
-    """Why a ``(start_time, timestamp, cpu_ns, memory)`` reading cannot be used, or None."""
-    start, ts, cpu, memory = point
-    if not (math.isfinite(start) and math.isfinite(ts)) or ts <= 0 or start < 0 or cpu < 0 or memory < 0:
-        return INVALID_READING
-    if ts > future:
-        return limits.FUTURE_TIMESTAMP
-    return None
+def _reading(point: WirePoint, future: float) -> ResourcePoint | str:
+    """A ``(start_time, timestamp, cpu_ns, memory)`` reading, or why it is refused: the bounds every
+    way in applies (:func:`kcms.sources.bounds.point_problem`: ``future_timestamp``, ``negative``,
+    ``non_finite``, ``absurd_value``, ``bad_value``)."""
+    p = ResourcePoint(*point)
+    return point_problem(p, future) or p
 
 
 def bound_node(
@@ -245,11 +243,11 @@ def bound_node(
         return None
     point = None
     if wire.point is not None:
-        reason = _reading_problem(wire.point, future)
-        if reason is None:
-            point = ResourcePoint(*wire.point)
+        got = _reading(wire.point, future)
+        if isinstance(got, str):
+            refusals["node", got] += 1
         else:
-            refusals["node", reason] += 1
+            point = got
     pods: dict[tuple[str, str], dict[str, ResourcePoint]] = {}
     for pod in wire.pods:
         reason = scope.pod_reason(pod.namespace, pod.name)
@@ -261,14 +259,12 @@ def bound_node(
         containers: dict[str, ResourcePoint] = {}
         whole = True
         for name, p in pod.containers:
-            reason = None if _label(name) else INVALID_CONTAINER_NAME
-            if reason is None:
-                reason = _reading_problem(p, future)
-            if reason is not None:
-                refusals["container", reason] += 1
+            got = _reading(p, future) if _label(name) else INVALID_CONTAINER_NAME
+            if isinstance(got, str):
+                refusals["container", got] += 1
                 whole = False
                 continue
-            containers[name] = ResourcePoint(*p)
+            containers[name] = got
         # a pod's usage is the sum of its containers: never served partial (as metrics-server)
         if containers and whole:
             pods[(pod.namespace, pod.name)] = containers

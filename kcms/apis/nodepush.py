@@ -53,9 +53,11 @@ pod (``object_not_bound``; the latter allowed with ``allow_namespaced`` in names
 runs pods, else ``namespace_not_on_node``) is refused and counted, and the rest is stored. Before the
 inventory has listed nodes and pods a push is answered ``503`` (nothing could be checked).
 
-Bounds: readings (of the node, of containers) with a non-finite or negative field are refused
-(``invalid_reading``), and so are readings and samples timestamped more than ``--max-future-skew``
-ahead (``future_timestamp``, :mod:`kcms.limits`); a pod reading with more than
+Bounds: readings (of the node, of containers) outside :mod:`kcms.sources.bounds` are refused
+(``future_timestamp``: more than ``--max-future-skew`` ahead; ``negative``, ``non_finite``,
+``absurd_value``, ``bad_value``; a refused container drops its pod, whose usage is never served
+partial), and so are samples timestamped more than ``--max-future-skew`` ahead
+(``future_timestamp``, :mod:`kcms.limits`); a pod reading with more than
 ``max_containers_per_pod`` containers (``too_many_containers``) or a container name that is not a
 DNS label (``invalid_container_name``). Samples: Prometheus metric names (``invalid_metric_name``) of
 at most 253 characters (``metric_name_too_long``), label names (``invalid_label_name``: malformed or
