@@ -693,3 +693,26 @@ async def test_kcms_agent_process_binds_otlp_senders(fake_kube: FakeKubeAPI, all
     if not allow:
         assert "unbound_sender" in stderr  # the refusal is logged, once
     assert orjson.dumps(stderr)  # printable
+
+
+def test_contradictory_otlp_flags_stop_start_up_naming_the_flag():
+    import subprocess
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kcms.agent.cli",
+            f"--node-name={NODE}",
+            "--insecure-serving",
+            "--no-otlp",
+            "--otlp-allow-unbound",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "argument --otlp-allow-unbound: not allowed with --no-otlp" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -242,6 +242,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         )
     if args.otlp_listen and args.no_otlp:
         return "argument --otlp-listen: not allowed with --no-otlp"
+    if args.otlp_allow_unbound and args.no_otlp:
+        return "argument --otlp-allow-unbound: not allowed with --no-otlp"
     for flag in (
         "kubeconfig",
         "tls_cert_file",
