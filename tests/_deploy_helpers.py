@@ -254,7 +254,11 @@ def local_files(tmp: Path, workload: dict, container: dict, secrets: dict[str, d
         directory = tmp / workload["metadata"]["name"] / mount["name"]
         directory.mkdir(parents=True, exist_ok=True)
         if "secret" in volume:
-            data = secrets[volume["secret"]["secretName"]]
+            name = volume["secret"]["secretName"]
+            if name not in secrets and volume["secret"].get("optional"):
+                local[mount["mountPath"]] = str(directory)  # the kubelet mounts it empty
+                continue
+            data = secrets[name]
             items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
             for item in items:
                 (directory / item["path"]).write_bytes(data[item["key"]])

@@ -1,4 +1,5 @@
-"""deploy/agent: the node agent's DaemonSet, ServiceAccount and RBAC, rendered with kubectl kustomize."""
+"""deploy/agent: the node agent's DaemonSet, ServiceAccount, RBAC and serving certificate, rendered with
+kubectl kustomize; and the collector of deploy/ha that scrapes it: TLS on both ends by default."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import argparse
 import kubernetes.client
 import pytest
 import yaml
-from _deploy_helpers import DEPLOY, only, render
+from _deploy_helpers import DEPLOY, allowed, expanded_args, flag, kcms_containers, only, render, secret_file
 
 from kcms.agent.cli import add_agent_arguments
+from kcms.cli import build_parser
+from kcms.collector.agents import DEFAULT_AGENT_SERVER_NAME
 
 AGENT = DEPLOY / "agent"
+NS = "kube-system"
 
 
 def objects() -> list[dict]:
@@ -24,12 +28,19 @@ def test_renders_and_validates_against_kubernetes_models() -> None:
         ("ServiceAccount", "kcms-agent"),
         ("ClusterRole", "kcms-agent"),
         ("ClusterRoleBinding", "kcms-agent"),
+        ("ClusterRoleBinding", "kcms-agent:system:auth-delegator"),
         ("DaemonSet", "kcms-agent"),
+        ("Issuer", "kcms-agent-selfsigned"),
+        ("Certificate", "kcms-agent-ca"),
+        ("Issuer", "kcms-agent-ca"),
+        ("Certificate", "kcms-agent-tls"),
     }
     if not hasattr(kubernetes.client.V1DaemonSet, "model_validate"):
         pytest.skip("this kubernetes client's models do not validate")
     for obj in rendered:
         group, _, version = obj["apiVersion"].rpartition("/")
+        if group == "cert-manager.io":  # a CRD: not in the client's models
+            continue
         cls = getattr(kubernetes.client, version.capitalize() + obj["kind"])
         cls.model_validate(obj, strict=True)
 
@@ -47,9 +58,16 @@ def test_rbac_grants_exactly_what_the_agent_uses() -> None:
     binding = only(rendered, "ClusterRoleBinding", "kcms-agent")
     assert binding["roleRef"]["name"] == "kcms-agent"
     sa = only(rendered, "ServiceAccount", "kcms-agent")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "kcms-agent", "namespace": sa["metadata"]["namespace"]}
-    ]
+    subjects = [{"kind": "ServiceAccount", "name": "kcms-agent", "namespace": sa["metadata"]["namespace"]}]
+    assert binding["subjects"] == subjects
+    # Reviews of /metrics callers (TokenReview, SubjectAccessReview): the built-in auth-delegator role.
+    delegator = only(rendered, "ClusterRoleBinding", "kcms-agent:system:auth-delegator")
+    assert delegator["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:auth-delegator",
+    }
+    assert delegator["subjects"] == subjects
 
 
 def test_daemonset_mounts_cgroups_read_only_and_runs_valid_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,9 +79,10 @@ def test_daemonset_mounts_cgroups_read_only_and_runs_valid_flags(monkeypatch: py
         ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     )
     [container] = pod["containers"]
-    [mount] = container["volumeMounts"]
+    assert all(m["readOnly"] is True for m in container["volumeMounts"])
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "cgroup"]
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert volume["hostPath"]["path"] == "/sys/fs/cgroup" and mount["readOnly"] is True
+    assert volume["hostPath"]["path"] == "/sys/fs/cgroup"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -77,10 +96,61 @@ def test_daemonset_mounts_cgroups_read_only_and_runs_valid_flags(monkeypatch: py
     assert args.node_name == "node-a"
     assert args.cgroup_root == mount["mountPath"]
     port = int(args.listen.rpartition(":")[2])
-    [declared] = container["ports"]
-    assert declared["containerPort"] == port
+    [declared] = [p for p in container["ports"] if p["containerPort"] == port]
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": declared["name"]}
+        assert container[probe]["httpGet"] == {
+            "path": "/healthz",
+            "port": declared["name"],
+            "scheme": "HTTPS",
+        }
+    # The OTLP push port is declared too, and is not the /metrics port.
+    otlp_port = int(args.otlp_listen.rpartition(":")[2])
+    assert otlp_port != port and otlp_port in {p["containerPort"] for p in container["ports"]}
+
+
+def test_metrics_are_served_over_tls_with_the_certificate_of_the_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered = objects()
+    ds = only(rendered, "DaemonSet", "kcms-agent")
+    [container] = ds["spec"]["template"]["spec"]["containers"]
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_agent_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    assert not args.insecure_serving
+    certificate = only(rendered, "Certificate", "kcms-agent-tls")["spec"]
+    assert secret_file(ds, container, args.tls_cert_file) == (certificate["secretName"], "tls.crt")
+    assert secret_file(ds, container, args.tls_private_key_file) == (certificate["secretName"], "tls.key")
+    # The name the collector checks by default is the certificate's; it comes from a private CA.
+    assert certificate["dnsNames"] == [DEFAULT_AGENT_SERVER_NAME]
+    assert "server auth" in certificate["usages"]
+    issuer = only(rendered, "Issuer", certificate["issuerRef"]["name"])["spec"]
+    ca = only(rendered, "Certificate", "kcms-agent-ca")["spec"]
+    assert issuer == {"ca": {"secretName": ca["secretName"]}} and ca["isCA"] is True
+
+
+def test_the_ha_collector_verifies_agents_and_may_read_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/overlays/multi-store's collector: the agents' CA mounted where --agent-ca-file points, the
+    certificate's name checked, its ServiceAccount token sent, and RBAC lets it get nodes/metrics."""
+    agent_objects = objects()
+    certificate = only(agent_objects, "Certificate", "kcms-agent-tls")["spec"]
+    ha = render(DEPLOY / "overlays" / "multi-store")
+    collector = only(ha, "Deployment", "kcms-collector")
+    [container] = kcms_containers(collector)
+    argv = expanded_args(collector, container, ha)
+    for key in ("POD_NAME", "POD_NAMESPACE", "KCMS_STORE_REPLICAS"):
+        monkeypatch.setenv(key, "0" if key == "KCMS_STORE_REPLICAS" else NS)
+    args = build_parser().parse_args(argv)
+    assert args.agent_selector and not args.agent_insecure_tls and not args.agent_insecure_http
+    assert args.agent_tls_server_name in certificate["dnsNames"]
+    assert not args.agent_token_file  # the ServiceAccount token of the pod
+    ca_file = flag(argv, "--agent-ca-file") or ""
+    assert secret_file(collector, container, ca_file) == (certificate["secretName"], "ca.crt")
+    account = collector["spec"]["template"]["spec"]["serviceAccountName"]
+    # RBAC names a subresource as resource/subresource; the agent asks for nodes/metrics of its node.
+    assert allowed(ha, (NS, account), verb="get", group="", resource="nodes/metrics", name="node-a")
+    assert not allowed(ha, (NS, "default"), verb="get", group="", resource="nodes/metrics", name="node-a")
 
 
 def test_not_part_of_the_base() -> None:
