@@ -68,7 +68,9 @@ taken from nodes (``unsupported``). New series are limited per node (the writer 
 ``system:node:<node>``), per metric and in total by a :class:`kcms.apis.quota.SeriesQuota`
 (``series_limit_writer``, ``series_limit_metric``, ``series_limit_total``). Every refusal is counted
 in ``kcms_push_node_refused_total{item, reason}`` (item ``node``, ``pod``, ``container`` or
-``sample``), and one escaped log line per push summarises them.
+``sample``; ``store_refused`` if the series store still refuses a checked sample), and one escaped
+log line per push summarises them (a warning when an item was not the node's own). The answer's
+``refused`` counts every refused item, readings and samples.
 
 Access: the API server's middleware authenticates every request and authorizes it with a
 SubjectAccessReview. The paths are not under ``/apis``, so they are non-resource requests with the
