@@ -8,7 +8,9 @@ import math
 import pathlib
 import sys
 
+from kcms import limits
 from kcms.model import NodeBatch
+from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES
 
 __all__ = [
     "CPU",
@@ -68,12 +70,16 @@ def container(
 
 
 def _assert_sane(batch: NodeBatch) -> None:
+    """Everything a decoder may give: within kcms.sources.bounds, never served otherwise."""
+    latest = limits.future_limit()
     points = [batch.node_point] if batch.node_point else []
     points += [p for cs in batch.pods.values() for p in cs.values()]
     for p in points:
         assert isinstance(p.cpu_ns, int) and isinstance(p.memory, int)
-        assert p.cpu_ns > 0 and p.memory > 0
+        assert 0 < p.cpu_ns <= MAX_CPU_NS and 0 < p.memory <= MAX_MEMORY_BYTES
         assert math.isfinite(p.timestamp) and math.isfinite(p.start_time) and p.start_time >= 0
+        assert 0 < p.timestamp <= latest
     for (ns, pod), cs in batch.pods.items():
         assert ns and pod and all(cs)
+        assert max(len(ns), len(pod), *map(len, cs)) <= 253
     assert all(isinstance(v, int) and v > 0 for v in batch.rejected.values())

@@ -3,9 +3,11 @@ mutated bodies that may only ever give a sane batch or a DecodeError."""
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import pytest
-from _kubelet_decode_helpers import RESOURCE, SUMMARY, _assert_sane
+from _kubelet_decode_helpers import CPU, MEM, RESOURCE, START, SUMMARY, _assert_sane, body, line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -142,3 +144,44 @@ def test_summary_mutated_bytes_only_decode_error(pos: int, junk: bytes) -> None:
         _assert_sane(decode_summary("n", raw))
     except DecodeError:
         pass
+
+
+# ---- hostile values among honest ones: each refused alone, counted, the rest kept ----------------
+
+_FAR = str(int((time.time() + 86400) * 1000))
+_HOSTILE = [  # (which value, its text, the reason it is counted under)
+    ("cpu", "NaN", "non_finite"),
+    ("cpu", "-1", "negative"),
+    ("cpu", "1e20", "absurd_value"),  # 1e29 ns: over the kubelet's uint64 counter
+    ("mem", "-4096", "negative"),
+    ("mem", "+Inf", "non_finite"),
+    ("mem", "1e30", "absurd_value"),  # over 8 PiB
+    ("ts", _FAR, "future_timestamp"),
+    ("ts", "253402300800000", "future_timestamp"),  # year 10000
+    ("pod", "p" * 254, "label_value_too_long"),
+    ("container", "c" * 254, "label_value_too_long"),
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.none(), st.sampled_from(_HOSTILE)), min_size=1, max_size=12), st.booleans())
+def test_hostile_values_are_refused_alone_and_counted(plan: list, long_line: bool) -> None:
+    cpu_lines, mem_lines, start_lines = [], [], []
+    for i, bad in enumerate(plan):
+        what, text, _ = bad if bad is not None else ("", "", "")
+        pod = f"p{i:02d}" + (text if what == "pod" else "")  # unique: not duplicates of each other
+        c = "c" + (text if what == "container" else "")
+        ts = text if what == "ts" else "1700000000123"
+        cpu_lines.append(line(CPU, c, "d", pod, text if what == "cpu" else f"{i + 1}.5", ts))
+        mem_lines.append(line(MEM, c, "d", pod, text if what == "mem" else str(4096 * (i + 1))))
+        start_lines.append(line(START, c, "d", pod, "1.6999e+09"))
+    extra = ["x" * 100_000 + " 1 1700000000123\n"] if long_line else []
+    b = decode_resource_metrics("n", body(*cpu_lines, *mem_lines, *start_lines, *extra))
+    _assert_sane(b)
+    good = {("d", f"p{i:02d}") for i, bad in enumerate(plan) if bad is None}
+    assert set(b.pods) == good  # every honest pod kept, no hostile one
+    assert b.node_point is not None  # and the node's own reading
+    for reason in {bad[2] for bad in plan if bad is not None}:
+        assert b.rejected.get(reason, 0) >= sum(1 for bad in plan if bad is not None and bad[2] == reason)
+    if long_line:
+        assert b.rejected["metric_name_too_long"] == 1

@@ -79,6 +79,10 @@ def _summary(**node_over) -> dict:  # type: ignore[no-untyped-def]
         (lambda d: d["pods"][1]["containers"][0].update(cpu=[1, 2]), "bad_value"),
         (lambda d: d["pods"][1]["containers"][0]["cpu"].update(time="yesterday"), "bad_value"),
         (lambda d: d["pods"][1]["containers"][0]["cpu"].update(time=17), "bad_value"),
+        (  # year 10000 is not RFC 3339 (a four-digit year): a time that cannot be read
+            lambda d: d["pods"][1]["containers"][0]["cpu"].update(time="10000-01-01T00:00:00Z"),
+            "bad_value",
+        ),
         (lambda d: d["pods"][1]["containers"][0].update(name=""), "missing_label"),
         (lambda d: d["pods"][1]["containers"][0].update(name=7), "missing_label"),
         (lambda d: d["pods"][1]["containers"].append(d["pods"][1]["containers"][0]), "duplicate"),
@@ -95,6 +99,43 @@ def test_summary_container_rejections(mutate, reason: str) -> None:  # type: ign
     appended = len(doc["pods"][1]["containers"]) == 3
     assert len(b.pods[("default", "web-7d4b9c8f5-abcde")]) == (2 if appended else 1)
     assert b.node_point is not None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda c: c["cpu"].update(time="2999-01-01T00:00:00Z"), "future_timestamp"),
+        (lambda c: c["cpu"].update(time="0000-12-31T23:59:59Z"), "bad_value"),  # before the epoch
+        (lambda c: c["cpu"].update(usageCoreNanoSeconds=2**64), "absurd_value"),
+        (lambda c: c["cpu"].update(usageCoreNanoSeconds=1e30), "absurd_value"),
+        (lambda c: c["memory"].update(workingSetBytes=2**60), "absurd_value"),
+        (lambda c: c.update(name="c" * 254), "label_value_too_long"),
+    ],
+)
+def test_summary_bounds_drop_the_pod_and_keep_the_rest(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+    """A reading outside kcms.sources.bounds drops its pod (never a partial pod sum), counted; the
+    node and the other pod are kept."""
+    doc = orjson.loads(SUMMARY)
+    mutate(doc["pods"][1]["containers"][0])
+    b = decode_summary("n", _dumps(doc))
+    assert b.rejected == {"incomplete_container": 1, reason: 1}
+    assert set(b.pods) == {("kube-system", "coredns-55cb58b774-6vb7p")}
+    assert b.node_point is not None
+
+
+def _dumps(doc: dict) -> bytes:
+    """JSON of ``doc``; the standard library writes integers orjson refuses to (2**64)."""
+    import json
+
+    return json.dumps(doc).encode()
+
+
+def test_summary_node_in_the_future_is_refused_and_pods_kept() -> None:
+    b = decode_summary(
+        "n", orjson.dumps(_summary(cpu={"time": "2999-01-01T00:00:00Z", "usageCoreNanoSeconds": 5}))
+    )
+    assert b.node_point is None and b.rejected["future_timestamp"] == 1
+    assert len(b.pods) == 2
 
 
 def test_summary_pod_level_problems() -> None:

@@ -70,6 +70,32 @@ def test_counter_reset_with_same_start_is_not_served():
     assert s.pod_usage(*key, now=15.0) is None
 
 
+def test_counter_backwards_and_absurd_rates_are_counted_and_never_served():
+    from prometheus_client import REGISTRY
+
+    def refused(reason: str) -> float:
+        return REGISTRY.get_sample_value("kcms_store_refused_readings_total", {"reason": reason}) or 0.0
+
+    before = {r: refused(r) for r in ("counter_backwards", "absurd_rate")}
+    s = ResourceStore(15.0)
+    back, jump, ok = ("d", "back"), ("d", "jump"), ("d", "ok")
+    s.store(batch("n1", 1000.0, 1.0, {back: {"a": (500.0, 50.0, 4096)}, jump: {"a": (500.0, 1.0, 4096)}}))
+    # 1e7 core-seconds in 15 s (~7e5 cores) is under the bound; 1e8 (~7e6 cores) is not
+    s.store(batch("n1", 1015.0, 2.0, {back: {"a": (500.0, 49.0, 4096)}, jump: {"a": (500.0, 1e8, 4096)}}))
+    assert s.pod_usage(*back) is None and s.pod_usage(*jump) is None
+    assert refused("counter_backwards") - before["counter_backwards"] == 1
+    assert refused("absurd_rate") - before["absurd_rate"] == 1
+    # both are new bases: the next honest reading gives a rate again
+    s.store(
+        batch("n1", 1030.0, 3.0, {back: {"a": (500.0, 50.0, 4096)}, jump: {"a": (500.0, 1e8 + 15, 4096)}})
+    )
+    assert s.pod_usage(*back).containers[0][1].cpu_nanocores == 66_666_666
+    assert s.pod_usage(*jump).containers[0][1].cpu_nanocores == 1_000_000_000
+    s.store(batch("n1", 1045.0, 4.0, {ok: {"a": (500.0, 1e7, 4096)}}))  # first reading, then +1e7 core-s
+    s.store(batch("n1", 1060.0, 5.0, {ok: {"a": (500.0, 2e7, 4096)}}))
+    assert s.pod_usage(*ok).containers[0][1].cpu_nanocores == 10**16 // 15  # ~6.7e5 cores: served
+
+
 def test_fresh_container_is_served_after_one_reading():
     s = ResourceStore(15.0)
     key = ("default", "new")
