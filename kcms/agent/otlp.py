@@ -9,8 +9,9 @@ to ``max_body_bytes`` before *and* after decompression.
 Answers (OTLP/HTTP): ``200`` with an ``ExportMetricsServiceResponse`` in the request's encoding,
 whose ``partial_success`` (``rejected_data_points``, ``error_message``) is set only when some data
 points were refused; ``400`` for a body that cannot be decoded, ``413`` over the size limit, ``415``
-for another content type or content encoding. Error bodies are ``google.rpc.Status`` messages
-(``code``, ``message``) in the request's encoding (JSON for ``415``).
+for another content type or content encoding, ``503`` (``Retry-After: 1``) while the agent has not
+listed its pods yet. Error bodies are ``google.rpc.Status`` messages (``code``, ``message``) in the
+request's encoding (JSON for ``415``).
 
 Mapping to samples (each becomes ``(metric, ObjectRef, Labels, seconds, value)`` in the sink):
 
