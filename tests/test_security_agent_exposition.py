@@ -334,6 +334,31 @@ async def test_collector_verifies_the_agent_and_sends_its_token(agent, ca, tmp_p
     no_traceback(caplog)
 
 
+async def test_collector_with_a_client_certificate_needs_no_token(
+    agent, ca, client_ca, tmp_path, caplog
+) -> None:
+    """Mutual TLS from the collector's side: its certificate (from the agent's client CA, in a group
+    RBAC lets read nodes/metrics) is its identity; a certificate from another CA is refused."""
+    caplog.set_level(logging.INFO)
+    ca_file = str(tmp_path / "agent-ca.pem")
+    ca.cert_pem.write_to_path(ca_file)
+    for i, (issuer, expected) in enumerate(((client_ca, 0), (trustme.CA(), 1))):
+        pem = str(tmp_path / f"collector-{i}.pem")
+        cert = issuer.issue_cert(common_name="kcms-collector", organization_name="kcms:metrics-readers")
+        cert.private_key_and_cert_chain_pem.write_to_path(pem)
+        collector = collector_for(agent, ca_file, None, client_cert_file=pem, client_key_file=pem)
+        try:
+            assert await collector.run_cycle() == expected
+            if expected:  # refused in the handshake: nothing stored, counted
+                assert collector.store.stats()["points"] == 0
+                assert {reason for _, reason in collector.failures} <= {"tls", "connection"}
+            else:
+                assert collector.store.stats()["points"] > 0
+        finally:
+            await collector.stop()
+    no_traceback(caplog)
+
+
 async def start_impostor(pem: str, seen: list[str]) -> tuple[web.AppRunner, int]:
     """A server on the agent's address that answers /metrics to anyone and records the token."""
 

@@ -1,5 +1,9 @@
 """``SimulatedAgents``: one KCMS node agent endpoint per simulated node, plain HTTP on loopback.
 
+Plain and open, like ``kcms agent --insecure-serving``: a collector scrapes them only when told so
+explicitly (``--agent-insecure-http``, or ``AgentAccess(insecure_http=True)``); by default it speaks
+TLS and refuses them (reason ``tls``).
+
 Each agent serves ``GET /metrics`` in the agent exposition format (see
 :mod:`kcms.sources.exposition`): the application samples of :class:`kcms.sim.apps.SimulatedAppMetrics`
 for the pods of its node, plus synthetic node gauges (``node_load1``, ``node_memory_working_set_bytes``).
