@@ -129,6 +129,15 @@ def test_whole_body_errors():
     assert e.value.reason == "not_utf8"
 
 
+def test_a_line_that_is_not_utf8_costs_only_that_line():
+    good = f"m{{{POD}}} 1 1\n".encode()
+    samples, rejected = parse_exposition(
+        good + b"m{" + POD.encode() + b',a="\xff\xfe"} 2 2\n' + good.replace(b"} 1 1", b"} 3 3")
+    )
+    assert [s[4] for s in samples] == [1.0, 3.0]
+    assert rejected == {"not_utf8": 1}
+
+
 def test_object_rules():
     assert object_problem("pods", "default", "web-1") is None
     assert object_problem("deployments.apps", "default", "web") is None

@@ -224,6 +224,15 @@ def test_whole_response_failures() -> None:
         assert e.value.reason == "malformed", bad
 
 
+def test_a_line_that_is_not_utf8_costs_only_that_line() -> None:
+    """The kubelet's structure is checked strictly, but one bad line does not lose the node."""
+    good = decode_resource_metrics("n", RESOURCE, now=1.0)
+    text = RESOURCE.replace(b"# TYPE container_memory", b"# TYPE \xff\xfe container_memory", 1)
+    b = decode_resource_metrics("n", text, now=1.0)
+    assert b.pods == good.pods and b.node_point == good.node_point
+    assert b.rejected == {**good.rejected, "malformed": good.rejected.get("malformed", 0) + 1}
+
+
 def test_only_other_families_is_empty_batch() -> None:
     b = decode_resource_metrics("n", b"# HELP x y\nsome_metric 1\n", now=0)
     assert b == NodeBatch(node="n")

@@ -18,7 +18,7 @@ Semantics (shared by both):
 * Per-sample rejections, counted in ``NodeBatch.rejected`` by reason: ``non_finite`` (NaN, +-Inf),
   ``negative``, ``bad_value`` (value or timestamp not a number, or a timestamp <= 0), ``missing_label``
   (namespace, pod or container absent or empty), ``duplicate`` (the same series twice: the first wins),
-  ``malformed`` (a line that is not a sample line), ``metric_name_too_long`` (a line of another
+  ``malformed`` (a line that is not a sample line, or not UTF-8), ``metric_name_too_long`` (a line of another
   family whose name is over 253 characters: skipped as every other family is, but counted).
 * The bounds of :mod:`kcms.sources.bounds` (both decoders): a reading more than ``--max-future-skew``
   ahead (``future_timestamp``), a CPU counter or memory beyond any machine (``absurd_value``), a
@@ -26,7 +26,7 @@ Semantics (shared by both):
   container drops its pod (never a partial pod sum); the node's reading and the other pods are kept.
   Only the response's structure can fail it as a whole, never one sample.
 * Whole-response failures raise :class:`kcms.model.DecodeError`: ``too_large`` (body over ``max_bytes``),
-  ``malformed`` (not UTF-8 text, empty, or no recognised sample and at least one malformed line),
+  ``malformed`` (no UTF-8 line, empty, or no recognised sample and at least one malformed line),
   ``kubelet_error`` (``resource_scrape_error``/``scrape_error`` is 1 and nothing usable was decoded; if some
   data was usable it is returned and ``rejected["kubelet_error"]`` is 1).
 
@@ -64,6 +64,7 @@ from typing import Any
 from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
 from kcms.sources.bounds import screen_batch
+from kcms.sources.exposition import utf8_lines
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 from kcms.sources.summary_decode import decode_summary as _decode_summary
 
@@ -340,15 +341,20 @@ def decode_resource_metrics(
         raise DecodeError("malformed", f"kubelet response from {node} is not bytes")
     if len(body) > max_bytes:
         raise DecodeError("too_large", f"kubelet response from {node} is {len(body)} bytes, over {max_bytes}")
+    not_utf8 = 0
     try:
         text = str(body, "utf-8")
     except UnicodeDecodeError as e:
-        raise DecodeError("malformed", f"kubelet response from {node} is not UTF-8 text: {e}") from None
+        # One bad line costs that line (counted as malformed), not the node's every other reading.
+        text, not_utf8 = utf8_lines(bytes(body))
+        if not text or text.isspace():
+            raise DecodeError("malformed", f"kubelet response from {node} is not UTF-8 text: {e}") from None
     if "\r" in text:
         text = text.replace("\r\n", "\n")
     if not text or text.isspace():
         raise DecodeError("malformed", f"kubelet response from {node} is empty")
     acc = _Acc(time.time() if now is None else float(now))
+    acc.malformed = not_utf8
 
     spans = []
     hint = 0
@@ -363,6 +369,7 @@ def decode_resource_metrics(
         if s < pos:
             # interleaved families (not valid exposition): no fast path at all
             acc = _Acc(acc.now)
+            acc.malformed = not_utf8
             _slow_lines(text, acc)
             break
         if pos < s:
