@@ -522,3 +522,42 @@ async def test_agent_process_guards_metrics_and_keeps_probes_and_otlp_open(ca, f
     log = log_path.read_text()
     assert "Traceback" not in log, log
     assert "refused (unauthenticated" in log and "refused (forbidden" in log
+
+
+async def test_standalone_pipeline_scrapes_the_guarded_agent_with_its_flags(
+    agent, ca, fake_kube, tmp_path
+) -> None:
+    """`kcms standalone` as its flags build it (--agent-selector, --agent-ca-file, --agent-token-file):
+    discovers the agent pod, verifies the agent, authenticates, and the agent's series reach the store;
+    the same pipeline with a tenant's token stores nothing."""
+    from _pipeline import start_env, stop_env
+    from fakeobjects import make_pod
+
+    from kcms.sim import SimulatedCluster
+
+    ca_file, token_file = tmp_path / "agent-ca.pem", tmp_path / "agent-token"
+    ca.cert_pem.write_to_path(str(ca_file))
+    fake_kube.upsert(make_pod("kube-system", "kcms-agent-x", NODE, labels={"app": "kcms-agent"}))
+    sim = SimulatedCluster(nodes=1, pods_per_node=1, containers_per_pod=1, seed=4, ca=ca)
+    await sim.start()
+    try:
+        for token, stored in ((POD, False), (COLLECTOR, True)):
+            token_file.write_text(token)
+            env = await start_env(
+                ca, fake_kube, tmp_path, sim, agent_selector="app=kcms-agent", agent_port=agent.port,
+                agent_ca_file=str(ca_file), agent_token_file=str(token_file), agent_scrape_interval=3600.0,
+            )  # fmt: skip
+            try:
+                collector = env.pipeline.agents
+                await collector.sync()
+                assert collector.targets() == [("kube-system/kcms-agent-x", f"127.0.0.1:{agent.port}")]
+                assert await collector.run_cycle() == (0 if stored else 1)
+                got = env.pipeline.series.query("pods", "shop", ["web-1"], SECRET_METRIC)
+                assert bool(got) is stored
+                if not stored:
+                    # (the pipeline's own loop may have scraped too: every failure is this one)
+                    assert set(collector.failures) == {("kube-system/kcms-agent-x", "http_403")}
+            finally:
+                await stop_env(env)
+    finally:
+        await sim.stop()
