@@ -159,3 +159,30 @@ def test_not_part_of_the_base() -> None:
         for entry in entries:
             assert (kustomization.parent / entry).resolve() != AGENT.resolve(), kustomization
     assert not [o for o in render(DEPLOY / "base") if o["metadata"]["name"] == "kcms-agent"]
+
+
+def test_standalone_scrape_component_points_the_base_at_the_agents(tmp_path) -> None:
+    """deploy/base + deploy/agent + deploy/agent/standalone-scrape: the standalone server scrapes the
+    agents' pods, verifying them with the CA of the agents' own certificate, as an account RBAC lets read
+    nodes/metrics."""
+    import os
+
+    rel = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {rel}/base\n  - {rel}/agent\ncomponents:\n  - {rel}/agent/standalone-scrape\n"
+    )
+    rendered = render(tmp_path)
+    server = only(rendered, "Deployment", "kcms")
+    [container] = kcms_containers(server)
+    argv = expanded_args(server, container, rendered)
+    args = build_parser().parse_args(argv)
+    agents = only(rendered, "DaemonSet", "kcms-agent")
+    labels = agents["spec"]["template"]["metadata"]["labels"]
+    key, _, value = args.agent_selector.partition("=")
+    assert labels.get(key) == value
+    certificate = only(rendered, "Certificate", "kcms-agent-tls")["spec"]
+    assert args.agent_tls_server_name in certificate["dnsNames"] and not args.agent_insecure_tls
+    assert secret_file(server, container, args.agent_ca_file) == (certificate["secretName"], "ca.crt")
+    account = server["spec"]["template"]["spec"]["serviceAccountName"]
+    assert allowed(rendered, (NS, account), verb="get", group="", resource="nodes/metrics", name="node-a")
