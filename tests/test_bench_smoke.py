@@ -1,4 +1,4 @@
-"""The HA benchmarks still run (figures are theirs to print; nothing here is timed)."""
+"""The benchmarks still run (figures are theirs to print; nothing here is timed)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,16 @@ def test_scaleout_quick_run_stores_every_acknowledged_sample() -> None:
     line = next(ln for ln in lines if ln.startswith("  standalone: stores stored"))
     assert "= 1.000 x acknowledged" in line, line
     assert "sharded 4 stores vs 1 store: ingestion" in out.stdout
+
+
+def test_series_object_quick_run_prints_every_operation_and_ratio() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "series_object.py"), "--quick"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(ln.split()[:1] == ["1000"] for ln in lines) and any(ln.split()[:1] == ["10000"] for ln in lines)
+    assert "ratio 10000/1000" in out.stdout
+    for op in ("append", "append_block", "update", "push", "query", "query *", "provider", "gc half", "gc all"):
+        assert any(ln.strip().startswith(op + " ") for ln in lines if ln.startswith("  ")), op

@@ -21,8 +21,16 @@ Bounds:
 
 Index: ``metric -> resource -> namespace -> node``, where a node maps an object name (series
 without labels) or ``(name, labels)`` to the series' points; next to each namespace's node, the key
-``(namespace,)`` holds ``{name: (labels, ...)}`` for the names that have labelled series. Discovery
-keeps a count of series per ``(resource, metric)``, updated as series are created and removed.
+``(namespace,)`` holds ``{name: {labels: None, ...}}`` for the names that have labelled series (a
+dict used as an insertion-ordered set). Discovery keeps a count of series per ``(resource, metric)``,
+updated as series are created and removed.
+
+Cost: creating, finding and removing a series are O(1) whatever the number of series of its object,
+and a query costs O(series returned). Per-object label sets were once tuples rebuilt on every new or
+removed series, which made one push of 80 000 labelled series for one object take seconds (see
+``bench/series_object.py``); the garbage collector's cursor keeps a snapshot of the keys of the node
+it walks instead of skipping ``position`` entries of the live dict on every call, which was quadratic
+in the size of the node too.
 
 Memory layout and the garbage collector: nodes hold only strings, tuples of strings and
 bytearrays, none of which the cyclic garbage collector needs to track, so CPython untracks the
@@ -43,7 +51,6 @@ import struct
 import time
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from itertools import islice
 from typing import NamedTuple
 
 from kcms.model import Labels, ObjectRef
@@ -56,8 +63,9 @@ Sample = tuple[str, ObjectRef, Labels, float, float]
 
 # name (series without labels) or (name, labels) -> packed points
 _Node = dict[str | tuple[str, Labels], bytearray]
-# name -> labels of that name's labelled series
-_Labelled = dict[str, tuple[Labels, ...]]
+# name -> labels of that name's labelled series, in creation order (a dict as an ordered set: O(1)
+# to add and to remove one, where a tuple rebuilt per change was O(series of the object))
+_Labelled = dict[str, dict[Labels, None]]
 
 _POINT = 16  # bytes per point
 _pack_point = struct.Struct("=dd").pack
@@ -138,9 +146,11 @@ class SeriesStore:
         self._discovery: dict[tuple[str, str], int] = {}
         self._n_series = 0
         self._points = 0
-        # garbage collection cursor: nodes still to visit in this pass, current node, position in it
+        # garbage collection cursor: nodes still to visit in this pass, current node, a snapshot of
+        # its keys when the visit began (series added since wait for the next pass) and the position
         self._gc_nodes: list[tuple[str, str, str]] = []
         self._gc_node: tuple[str, str, str] | None = None
+        self._gc_keys: list[str | tuple[str, Labels]] = []
         self._gc_pos = 0
 
     # ------------------------------------------------------------------ writing
@@ -272,7 +282,10 @@ class SeriesStore:
             points = node[key] = bytearray()
             if labels:
                 labelled: _Labelled = by_namespace.setdefault((obj.namespace,), {})
-                labelled[obj.name] = labelled.get(obj.name, ()) + (labels,)
+                names_labels = labelled.get(obj.name)
+                if names_labels is None:
+                    names_labels = labelled[obj.name] = {}
+                names_labels[labels] = None
             self._n_series += 1
             dkey = (obj.resource, metric)
             self._discovery[dkey] = self._discovery.get(dkey, 0) + 1
@@ -357,27 +370,32 @@ class SeriesStore:
                     ]
                     self._gc_nodes.reverse()
                 self._gc_node = self._gc_nodes.pop()
+                metric, resource, namespace = self._gc_node
+                node = self._index.get(metric, {}).get(resource, {}).get(namespace)
+                self._gc_keys = list(node) if node else []
                 self._gc_pos = 0
             metric, resource, namespace = self._gc_node
             node = self._index.get(metric, {}).get(resource, {}).get(namespace)
-            entries = list(islice(node.items(), self._gc_pos, self._gc_pos + left)) if node else []
-            if not entries:
+            start = self._gc_pos
+            keys = self._gc_keys[start : start + left]
+            if not keys or not node:
                 self._gc_node = None
+                self._gc_keys = []
                 continue
-            left -= len(entries)
-            removed = 0
-            for key, points in entries:
+            left -= len(keys)
+            self._gc_pos = start + len(keys)
+            for key in keys:
+                points = node.get(key)
+                if points is None:  # removed since the snapshot
+                    continue
                 n = len(points)
                 if _unpack_ts(points, n - 16)[0] < cutoff:
                     dropped += n >> 4
-                    removed += 1
                     self._remove(metric, resource, namespace, key)
                 elif _unpack_ts(points)[0] < cutoff:
                     k = _first_at_or_after(array("d", points), cutoff)
                     del points[: k << 4]
                     dropped += k
-            # entries after the visited ones moved up by the number removed
-            self._gc_pos += len(entries) - removed
         self._points -= dropped
         return dropped
 
@@ -389,10 +407,9 @@ class SeriesStore:
         if type(key) is tuple:
             name, labels = key
             labelled = by_namespace[(namespace,)]
-            rest = tuple(lb for lb in labelled[name] if lb != labels)
-            if rest:
-                labelled[name] = rest
-            else:
+            rest = labelled[name]
+            del rest[labels]
+            if not rest:
                 del labelled[name]
                 if not labelled:
                     del by_namespace[(namespace,)]
