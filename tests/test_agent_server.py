@@ -409,3 +409,21 @@ async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_
             if proc.returncode is None:
                 proc.kill()
             await runner.cleanup()
+
+
+def test_cli_unloadable_certificate_or_client_ca_names_the_flag(ca: trustme.CA, tmp_path: Path) -> None:
+    pem = tmp_path / "agent.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    tls = ["--no-cgroups", "--no-apps", "--no-kubelet", "--no-node"]
+    for args, flag in (
+        ([f"--tls-cert-file={garbage}", f"--tls-private-key-file={pem}"], "--tls-cert-file"),
+        (
+            [f"--tls-cert-file={pem}", f"--tls-private-key-file={pem}", f"--client-ca-file={garbage}"],
+            "--client-ca-file",
+        ),
+    ):
+        result = run_cli(*tls, *args)
+        assert result.returncode == 2 and f"argument {flag}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

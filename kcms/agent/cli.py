@@ -329,7 +329,7 @@ async def agent_main(args: argparse.Namespace) -> int:
             return _usage_error(f"argument --tls-cert-file: cannot load the certificate and key: {e}")
         if args.client_ca_file:
             try:
-                tls = ServingTLS(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file)
+                tls.trust_clients(args.client_ca_file)
             except (OSError, ssl.SSLError) as e:
                 return _usage_error(f"argument --client-ca-file: cannot load {args.client_ca_file}: {e}")
     if args.push and args.push_ca_file:

@@ -116,9 +116,13 @@ class ServingTLS:
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.load_cert_chain(cert_file, key_file)  # raises OSError / ssl.SSLError
         if client_ca_file:
-            self.context.load_verify_locations(cafile=client_ca_file)
-            self.context.verify_mode = ssl.CERT_OPTIONAL  # bearer-token callers send no certificate
+            self.trust_clients(client_ca_file)
         self._stamp = self._stat()
+
+    def trust_clients(self, client_ca_file: str) -> None:
+        """Ask for client certificates and verify those sent against ``client_ca_file``."""
+        self.context.load_verify_locations(cafile=client_ca_file)  # raises OSError / ssl.SSLError
+        self.context.verify_mode = ssl.CERT_OPTIONAL  # bearer-token callers send no certificate
 
     def _stat(self) -> tuple[int, ...]:
         out: list[int] = []
