@@ -67,9 +67,9 @@ _KNOWN_VERBS = frozenset(
     "get list watch create update patch delete deletecollection proxy head post put options".split()
 )
 # The resource label of the request metrics names only a resource the group version lists in its
-# discovery (first path segment: "pods" of "pods/<metric>"), and at most this many distinct ones;
-# anything else is "other" (a client may ask for any resource name, and an external metric's
-# resource is its name).
+# discovery (first path segment: "pods" of "pods/<metric>") or in a route's literal path, and at
+# most this many distinct ones; anything else is "other" (a client may ask for any resource name,
+# and an external metric's resource is its name).
 MAX_RESOURCE_LABELS = 64
 USER = web.RequestKey("user", UserInfo)  # typed keys; the same values are also under "user"/"attributes"
 ATTRIBUTES = web.RequestKey("attributes", RequestAttributes)
@@ -335,8 +335,14 @@ class AggregatedAPIServer:
         now = time.monotonic()
         cached = self._served.get((gv.group, gv.version))
         if cached is None or now - cached[0] > 1.0:  # at most one discovery walk a second
-            names = frozenset(str(r.get("name", "")).split("/", 1)[0] for r in gv.resource_list())
-            cached = self._served[(gv.group, gv.version)] = (now, names)
+            names = {str(r.get("name", "")).split("/", 1)[0] for r in gv.resource_list()}
+            for _, path, _ in gv.routes:  # and the literal resources of its routes
+                parts = path.strip("/").split("/")
+                if parts[:2] == ["namespaces", "{namespace}"] and len(parts) > 2:
+                    parts = parts[2:]
+                if not parts[0].startswith("{"):
+                    names.add(parts[0])
+            cached = self._served[(gv.group, gv.version)] = (now, frozenset(names))
         if resource not in cached[1]:
             return "other"
         self._resource_labels.add(key)
