@@ -167,7 +167,8 @@ class _GuardedHandler(RequestHandler):
         self._g_timer: asyncio.TimerHandle | None = None
         self._g_payload: Any = None  # the body stream of the latest parsed request
         self._g_head = b""  # the first bytes of the request being read (to classify a bad line)
-        self._g_line_done = False  # its request line is complete (LineTooLong: URL vs header)
+        self._g_seen = 0  # bytes of the request's head seen so far
+        self._g_line_end: int | None = None  # where its request line ends (LineTooLong: URL or header)
 
     # ---- deadlines ----------------------------------------------------------------------------
 
@@ -225,8 +226,11 @@ class _GuardedHandler(RequestHandler):
                 )
             if len(self._g_head) < _HEAD_BYTES:
                 self._g_head += data[: _HEAD_BYTES - len(self._g_head)]
-            if not self._g_line_done and b"\n" in data:
-                self._g_line_done = True
+            if self._g_line_end is None:
+                newline = data.find(b"\n")
+                if newline >= 0:
+                    self._g_line_end = self._g_seen + newline
+            self._g_seen += len(data)
         before = self._request_count
         super().data_received(data)
         if self._request_count != before and self._messages:
@@ -235,7 +239,8 @@ class _GuardedHandler(RequestHandler):
             # a request's head is complete: now its body (if any) is due
             self._g_payload = self._messages[-1][1]
             self._g_head = b""
-            self._g_line_done = False
+            self._g_seen = 0
+            self._g_line_end = None
             if self._g_payload.is_eof():
                 self._g_disarm()
             else:
@@ -246,7 +251,7 @@ class _GuardedHandler(RequestHandler):
     def _g_classify(self, exc: BaseException) -> tuple[int, str, str, str]:
         """(code, Status reason, message, metric reason) for a client's protocol error."""
         if isinstance(exc, LineTooLong):
-            if not self._g_line_done:
+            if self._g_line_end is None or self._g_line_end > self._g.max_line_size:
                 return (
                     414,
                     "RequestURITooLong",
