@@ -282,3 +282,52 @@ def test_label_selector_type_is_frozen_value() -> None:
     assert isinstance(a, LabelSelector) and hash(a) is not None
     assert a != b  # "=" and "==" are kept apart, as apimachinery does
     assert a.matches({"a": "1", "b": "y"}) and b.matches({"a": "1", "b": "y"})
+
+
+# ---- hostile input: huge numbers, huge text -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "n>99999999999999999999999999",
+        "n>9223372036854775808",  # 2**63: one past int64
+        "n<-9223372036854775809",
+        "n>" + "9" * 5000,  # past Python's 4300-digit int() limit: must not be a plain ValueError
+        "n<-" + "1" * 100_000,
+        "n>+" + "0" * 50 + "1" * 20,
+    ],
+)
+def test_gt_lt_numbers_outside_int64_are_selector_errors(text: str) -> None:
+    with pytest.raises(SelectorError) as info:
+        parse_label_selector(text)
+    assert "must be an integer" in str(info.value)
+    assert len(str(info.value)) < 400  # the message quotes a bounded part of the input
+
+
+def test_gt_lt_int64_bounds_and_leading_zeros_are_accepted() -> None:
+    assert parse_label_selector("n>9223372036854775807").matches({"n": "5"}) is False
+    assert parse_label_selector("n<-9223372036854775808").matches({"n": "5"}) is False
+    assert parse_label_selector("n>" + "0" * 40 + "4").matches({"n": "5"}) is True
+    # a label value that is a huge number never matches and never raises
+    sel = parse_label_selector("n>1")
+    assert sel.matches({"n": "9" * 5000}) is False
+    assert sel.matches({"n": "99999999999999999999"}) is False
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "k" * 100_000 + "=v",
+        "a=" + "v" * 100_000,
+        "a in (" + "x," * 50_000 + "\x1b",
+        "metadata.name=" + "\\" * 10_001,
+    ],
+)
+def test_huge_selectors_fail_with_bounded_messages(text: str) -> None:
+    for parse in (parse_label_selector, lambda t: parse_field_selector(t, {"metadata.name"})):
+        try:
+            parse(text)
+        except SelectorError as e:
+            assert len(str(e)) < 1000, len(str(e))
+            assert "\x1b" not in str(e)

@@ -5,7 +5,9 @@ Two budgets, as kube's ``--max-requests-inflight`` (read-only, default 400) and
 over its budget is answered at once with ``429 TooManyRequests`` and ``Retry-After: 1`` (as a
 ``Status``, ``details.retryAfterSeconds``) and counted. 0 turns a budget off.
 
-Admitted requests then take one of :data:`EXECUTING` seats to run. The event loop is one thread:
+Admitted requests then take one of :data:`EXECUTING` seats to run their handler (authentication
+and authorization, which wait on the kube-apiserver's reviews, do not hold one). The event loop
+is one thread:
 list handlers that render thousands of objects are CPU work, and when hundreds of them are ready
 at once every loop iteration runs all of them before reading a socket again, so a probe waits
 seconds behind them (a kubelet's liveness probe gives up after 1 s). With a few seats, only a few
@@ -80,10 +82,15 @@ class InflightLimiter:
         self.queue_wait = queue_wait
         self._seats = asyncio.Semaphore(executing)
 
+    @staticmethod
+    def kind(method: str) -> str:
+        """``mutating`` or ``readOnly``, by HTTP method."""
+        return "mutating" if method.upper() in MUTATING_METHODS else "readOnly"
+
     @contextlib.asynccontextmanager
     async def admit(self, method: str) -> AsyncIterator[None]:
-        """Hold a place and a seat for the request, or raise a 429 :class:`StatusError`."""
-        kind = "mutating" if method.upper() in MUTATING_METHODS else "readOnly"
+        """Hold a place in the request's budget, or raise a 429 :class:`StatusError`."""
+        kind = self.kind(method)
         limit = self.limits[kind]
         if limit and self.current[kind] >= limit:
             DROPPED.labels(kind, "inflight").inc()
@@ -91,15 +98,20 @@ class InflightLimiter:
         self.current[kind] += 1
         INFLIGHT.labels(kind).inc()
         try:
-            try:
-                await asyncio.wait_for(self._seats.acquire(), self.queue_wait)
-            except TimeoutError:
-                DROPPED.labels(kind, "queue_wait").inc()
-                raise too_many_requests() from None
-            try:
-                yield
-            finally:
-                self._seats.release()
+            yield
         finally:
             self.current[kind] -= 1
             INFLIGHT.labels(kind).dec()
+
+    @contextlib.asynccontextmanager
+    async def seat(self, method: str) -> AsyncIterator[None]:
+        """Hold an execution seat (FIFO), or raise a 429 after :attr:`queue_wait` seconds."""
+        try:
+            await asyncio.wait_for(self._seats.acquire(), self.queue_wait)
+        except TimeoutError:
+            DROPPED.labels(self.kind(method), "queue_wait").inc()
+            raise too_many_requests() from None
+        try:
+            yield
+        finally:
+            self._seats.release()

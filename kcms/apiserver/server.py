@@ -376,7 +376,10 @@ class AggregatedAPIServer:
         if attrs.verb == "watch" and attrs.resource_request:
             self._check_watchable(attrs)
         try:
-            return await handler(request)
+            if is_probe(request.path):
+                return await handler(request)
+            async with self.limiter.seat(request.method):  # few handlers ready at once: see inflight
+                return await handler(request)
         except StatusError:
             raise
         except (RequestPayloadError, ConnectionError) as e:  # the client's broken body or hang-up
