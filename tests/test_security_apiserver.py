@@ -561,3 +561,111 @@ async def test_client_strings_reach_the_log_escaped(pki: PKI, caplog: pytest.Log
     assert "\\n" in forbidden[0] and "\\x1b" in forbidden[0]  # there, escaped
     assert any("refused a request" in m for m in messages)
     assert_clean_log(caplog)
+
+
+# ---- the other listeners: store and agent processes --------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _plain(port: int, data: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)  # hang guard only
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+@pytest.fixture(name="component", params=["store", "agent"])
+def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A `kcms store` or `kcms agent` process on loopback (plain HTTP): (port, a POST path, its
+    stderr file, the process)."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    if request.param == "store":
+        (tmp_path / "token").write_text("store-token\n")
+        cmd = [
+            "-m",
+            "kcms",
+            "store",
+            "--bind-address=127.0.0.1",
+            f"--port={port}",
+            f"--token-file={tmp_path / 'token'}",
+        ]
+        post = "/store/v1/write"
+    else:
+        cmd = [
+            "-m",
+            "kcms.agent.cli",
+            "--node-name=node-a",
+            "--no-cgroups",
+            "--no-apps",
+            "--insecure-serving",
+        ]
+        cmd += [f"--listen=127.0.0.1:{port}"]
+        post = "/v1/metrics"
+    log = tmp_path / "stderr"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        yield port, post, log, proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def test_store_and_agent_listeners_answer_protocol_errors_with_a_status(component: Any) -> None:
+    import urllib.request
+
+    port, post, log, proc = component
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        await eventually(lambda: proc.poll() is not None or healthy(), 30)
+        assert proc.poll() is None, log.read_text()
+        cases = [
+            (b"GARBAGE\x1b[2J\r\n\r\n", 400, "BadRequest"),
+            (b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n", 405, "MethodNotAllowed"),
+            (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "RequestURITooLong"),
+            (
+                b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
+                431,
+                "RequestHeaderFieldsTooLarge",
+            ),
+            (
+                f"POST {post} HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 4\r\n\r\nabcd".encode(),
+                415,
+                "UnsupportedMediaType",
+            ),
+        ]
+        for request, code, reason in cases:
+            status, body = await _plain(port, request)
+            assert status == code, body
+            doc = status_of(body)
+            assert (doc["code"], doc["reason"]) == (code, reason)
+        assert healthy()
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text
+    assert "\x1b" not in text
+    assert text.count("refused a request") == len(cases), text
