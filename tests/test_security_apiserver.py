@@ -669,3 +669,27 @@ async def test_store_and_agent_listeners_answer_protocol_errors_with_a_status(co
     assert "Traceback" not in text, text
     assert "\x1b" not in text
     assert text.count("refused a request") == len(cases), text
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("server", "--max-requests-inflight", "-1"),
+        ("server", "--max-mutating-requests-inflight", "-5"),
+        ("standalone", "--max-requests-inflight", "many"),
+        ("server", "--request-header-timeout", "0s"),
+        ("standalone", "--request-header-timeout", "soon"),
+    ],
+)
+def test_bad_overload_and_timeout_flags_stop_start_up_naming_the_flag(
+    command: str, flag: str, value: str
+) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "kcms", command, f"{flag}={value}"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}" in result.stderr
+    assert "Traceback" not in result.stderr
