@@ -21,8 +21,8 @@ buffer already holds ``max_series_per_node`` series), and the bounds every inges
 clock: one such point would make every later real point of its series ``out_of_order``; a time
 before year 0001 is ``invalid_value``), ``metric_name_too_long`` (over 253 characters),
 ``too_many_labels``, ``label_name_too_long``, ``label_value_too_long`` (a label's value over the
-limit, or the object's resource, namespace or name over 253 characters). Refusals are logged at most once per
-reason every ``LOG_EVERY`` seconds.
+limit, or the object's resource, namespace or name over 253 characters). Refusals are logged at
+most once per reason every ``LOG_EVERY`` seconds.
 
 Types: a metric whose name ends in ``_total`` is a counter, any other a gauge, unless a source
 declares otherwise with :meth:`SampleBuffer.declare`.
