@@ -267,6 +267,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         ),
         (["--insecure-serving", "--client-ca-file", "/etc/hostname"], "--insecure-serving"),
         (["--otlp-listen", "nowhere"], "--otlp-listen"),
+        (["--max-pending-reviews", "0"], "--max-pending-reviews"),
         (["--otlp-listen", "127.0.0.1:0", "--no-otlp"], "--otlp-listen"),
         (["--cgroup-root", "/nonexistent/cgroup", "--no-apps"], "--cgroup-root"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),

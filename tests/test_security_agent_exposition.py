@@ -561,3 +561,98 @@ async def test_standalone_pipeline_scrapes_the_guarded_agent_with_its_flags(
                 await stop_env(env)
     finally:
         await sim.stop()
+
+
+class Relay:
+    """A TCP relay in front of the fake API server that can be frozen: a hung API server."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.thawed = asyncio.Event()
+        self.thawed.set()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self.thawed.wait()  # frozen: bytes are held, nothing is answered
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def stop(self) -> None:
+        self.thawed.set()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_flood_of_unknown_tokens_on_a_hung_api_server_cannot_lock_the_collector_out(
+    ca, fake_kube, tmp_path, caplog
+) -> None:
+    """Reviews of unknown callers are bounded (--max-pending-reviews): past the bound they get 429 at
+    once instead of piling up; the collector, known from an earlier review, is served throughout."""
+    caplog.set_level(logging.INFO)
+    fake_kube.tokens[COLLECTOR] = {
+        "username": COLLECTOR_USER,
+        "uid": "1",
+        "groups": ["system:serviceaccounts"],
+    }
+    fake_kube.authorize = allow_collector
+    relay = Relay(fake_kube.port)
+    await relay.start()
+    kubeconfig = tmp_path / "relayed.kubeconfig"
+    kubeconfig.write_text(
+        fake_kube.kubeconfig.read_text().replace(f"127.0.0.1:{fake_kube.port}", f"127.0.0.1:{relay.port}")
+    )
+    kube = await KubeClient.load(str(kubeconfig))
+    pem = str(tmp_path / "agent.pem")
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(pem)
+    buffer = SampleBuffer()
+    buffer.add(SECRET_METRIC, ObjectRef("pods", "shop", "web-1"), (), time.time() - 1, 1.0)
+    auth = MetricsAuth.from_client(NODE, kube, max_pending=2)
+    agent = Agent(
+        buffer, {}, interval=3600, listen="127.0.0.1:0", ssl_context=ServingTLS(pem, pem), auth=auth
+    )
+    await agent.start()
+    url, ctx = f"https://127.0.0.1:{agent.port}", trusting(ca)
+    before = refusals("too_many_reviews")
+    try:
+        status, body, _ = await get(f"{url}/metrics", ctx, COLLECTOR)
+        assert status == 200 and SECRET_METRIC.encode() in body
+        relay.thawed.clear()  # the API server hangs from now on
+        stuck = [asyncio.create_task(get(f"{url}/metrics", ctx, secrets.token_urlsafe(16))) for _ in range(2)]
+        deadline = time.monotonic() + 20
+        while auth.pending < 2:  # noqa: ASYNC110 (polling a condition nothing signals)
+            assert time.monotonic() < deadline, "the reviews never started"
+            await asyncio.sleep(0.01)
+        for _ in range(5):
+            status, body, headers = await get(f"{url}/metrics", ctx, secrets.token_urlsafe(16))
+            assert_refused(status, body, 429)
+            assert headers["Retry-After"] == "1"
+        assert refusals("too_many_reviews") - before == 5
+        # The collector's token is known: it never waits behind the flood, even with the API hung.
+        status, body, _ = await get(f"{url}/metrics", ctx, COLLECTOR)
+        assert status == 200 and SECRET_METRIC.encode() in body
+        status, _, _ = await get(f"{url}/healthz", ctx)
+        assert status == 200
+        relay.thawed.set()  # the API server answers again: the stuck reviews finish, refused
+        for status, body, _ in await asyncio.gather(*stuck):
+            assert_refused(status, body, 401)
+        assert auth.pending == 0
+    finally:
+        await agent.stop()
+        await kube.close()
+        await relay.stop()
+    no_traceback(caplog)

@@ -19,6 +19,12 @@ kubelet's own ``/metrics`` (and not like its deprecated read-only port):
    ``DENIED_TTL``). Denied: ``403`` (``forbidden``).
    A review the API server cannot answer: ``503`` with ``Retry-After`` (``review_unavailable``):
    the caller may retry; nothing is served on a guess.
+3. **Bounded reviews**: every unknown token costs the API server a TokenReview (the cache is per
+   token), so at most ``max_pending`` requests whose caller is not yet known may wait for reviews
+   at once (``--max-pending-reviews``, default ``DEFAULT_MAX_PENDING``); more are answered ``429``
+   with ``Retry-After`` (``too_many_reviews``) at once. A token that authenticated and was
+   authorized within ``TOKEN_TTL`` is known and never waits behind them, so a flood of made-up
+   tokens (or a hung API server) cannot lock the collector out or pile up connections.
 
 Refusals are ``Status`` JSON bodies (no metric in them), counted in
 ``kcms_agent_metrics_refusals_total{reason}`` and logged in one escaped line each.
@@ -27,8 +33,11 @@ The agent is a node component: it uses :mod:`kcms.kube.reviews`, not the apiserv
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import ssl
+import time
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -48,12 +57,15 @@ TOKEN_TTL = 120.0
 TOKEN_FAILURE_TTL = 10.0
 ALLOWED_TTL = 300.0
 DENIED_TTL = 30.0
+DEFAULT_MAX_PENDING = 32
+MAX_KNOWN = 1024  # digests of recently accepted tokens kept (the collector needs one)
 
 UNAUTHENTICATED = "unauthenticated"
 INVALID_TOKEN = "invalid_token"
 FORBIDDEN = "forbidden"
 REVIEW_UNAVAILABLE = "review_unavailable"
-REASONS = (UNAUTHENTICATED, INVALID_TOKEN, FORBIDDEN, REVIEW_UNAVAILABLE)
+TOO_MANY_REVIEWS = "too_many_reviews"
+REASONS = (UNAUTHENTICATED, INVALID_TOKEN, FORBIDDEN, REVIEW_UNAVAILABLE, TOO_MANY_REVIEWS)
 
 REFUSALS = Counter(
     "kcms_agent_metrics_refusals",
@@ -63,7 +75,7 @@ REFUSALS = Counter(
 for _reason in REASONS:  # every series exists from the start (a rate of 0 is not "unknown")
     REFUSALS.labels(_reason)
 
-_STATUS_REASON = {401: "Unauthorized", 403: "Forbidden", 503: "ServiceUnavailable"}
+_STATUS_REASON = {401: "Unauthorized", 403: "Forbidden", 429: "TooManyRequests", 503: "ServiceUnavailable"}
 
 
 def status_response(code: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -100,10 +112,19 @@ def _certificate_user(peercert: dict[str, Any]) -> UserInfo | None:
 class MetricsAuth:
     """Authenticates and authorizes a request for ``/metrics`` (see the module docstring)."""
 
-    def __init__(self, node_name: str, tokens: TokenReviewer, access: AccessReviewer) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        tokens: TokenReviewer,
+        access: AccessReviewer,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> None:
         self.node_name = node_name
         self.tokens = tokens
         self.access = access
+        self.max_pending = max_pending
+        self.pending = 0  # requests of unknown callers waiting for reviews now
+        self._known: OrderedDict[bytes, float] = OrderedDict()  # token digest -> known until (monotonic)
         self._attrs = RequestAttributes(
             verb="get",
             path="/metrics",
@@ -115,13 +136,29 @@ class MetricsAuth:
         )
 
     @classmethod
-    def from_client(cls, node_name: str, client: Any) -> MetricsAuth:
+    def from_client(cls, node_name: str, client: Any, max_pending: int = DEFAULT_MAX_PENDING) -> MetricsAuth:
         """Reviews through ``client`` (a :class:`kcms.kube.client.KubeClient`), kubelet cache TTLs."""
         return cls(
             node_name,
             TokenReviewer(client, TOKEN_TTL, failure_ttl=TOKEN_FAILURE_TTL),
             AccessReviewer(client, ALLOWED_TTL, DENIED_TTL),
+            max_pending,
         )
+
+    def _is_known(self, digest: bytes) -> bool:
+        until = self._known.get(digest)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._known[digest]
+            return False
+        return True
+
+    def _remember(self, digest: bytes) -> None:
+        self._known[digest] = time.monotonic() + TOKEN_TTL
+        self._known.move_to_end(digest)
+        while len(self._known) > MAX_KNOWN:
+            self._known.popitem(last=False)
 
     def _refuse(
         self, request: web.Request, reason: str, code: int, message: str, detail: str = ""
@@ -138,7 +175,7 @@ class MetricsAuth:
         headers = None
         if code == 401:
             headers = {"WWW-Authenticate": 'Bearer realm="kcms-agent"'}
-        elif code == 503:
+        elif code in (429, 503):
             headers = {"Retry-After": "1"}
         return status_response(code, message, headers)
 
@@ -151,19 +188,40 @@ class MetricsAuth:
             peercert = ssl_object.getpeercert()
             if peercert:  # only a certificate the context verified is returned here
                 user = _certificate_user(peercert)
+        if user is not None:  # the CA vouched for it: only the (cached) authorization is left
+            return await self._authorize(request, user)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return self._refuse(request, UNAUTHENTICATED, 401, "Unauthorized")
+        digest = hashlib.sha256(token.encode()).digest()
+        if self._is_known(digest):
+            return await self._review(request, token, digest)
+        if self.pending >= self.max_pending:
+            return self._refuse(
+                request, TOO_MANY_REVIEWS, 429, "too many requests awaiting authentication, retry later"
+            )
+        self.pending += 1
+        try:
+            return await self._review(request, token, digest)
+        finally:
+            self.pending -= 1
+
+    async def _review(self, request: web.Request, token: str, digest: bytes) -> web.Response | None:
+        try:
+            user = await self.tokens.authenticate(token)
+        except ReviewError as e:
+            return self._refuse(
+                request, REVIEW_UNAVAILABLE, 503, "authentication is unavailable, retry later", f"{e}"
+            )
         if user is None:
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            token = token.strip()
-            if scheme.lower() != "bearer" or not token:
-                return self._refuse(request, UNAUTHENTICATED, 401, "Unauthorized")
-            try:
-                user = await self.tokens.authenticate(token)
-            except ReviewError as e:
-                return self._refuse(
-                    request, REVIEW_UNAVAILABLE, 503, "authentication is unavailable, retry later", f"{e}"
-                )
-            if user is None:
-                return self._refuse(request, INVALID_TOKEN, 401, "Unauthorized")
+            return self._refuse(request, INVALID_TOKEN, 401, "Unauthorized")
+        refusal = await self._authorize(request, user)
+        if refusal is None:
+            self._remember(digest)
+        return refusal
+
+    async def _authorize(self, request: web.Request, user: UserInfo) -> web.Response | None:
         try:
             allowed, why = await self.access.authorize(user, self._attrs)
         except ReviewError as e:

@@ -92,6 +92,14 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         "user = common name, groups = organizations); they are authorized like token callers",
     )
     p.add_argument(
+        "--max-pending-reviews",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="/metrics requests of callers not yet authenticated that may wait for TokenReview and "
+        "SubjectAccessReview at once; more are answered 429 (default 32; known callers never wait)",
+    )
+    p.add_argument(
         "--insecure-serving",
         action="store_true",
         help="serve plain HTTP and let anyone read /metrics (every pod's metrics on the node): tests "
@@ -398,7 +406,7 @@ async def agent_main(args: argparse.Namespace) -> int:
     if not args.insecure_serving:
         from kcms.agent.auth import MetricsAuth
 
-        auth = MetricsAuth.from_client(args.node_name, client)
+        auth = MetricsAuth.from_client(args.node_name, client, args.max_pending_reviews)
     agent = Agent(
         buffer, sources, args.interval, args.listen, routes, tls, auth=auth, extra_listen=args.otlp_listen
     )
