@@ -1,7 +1,9 @@
 """A generic aggregated-API-server kit: TLS serving with certificate reload, delegated
 authentication (front-proxy request headers, client certificates, bearer tokens) and authorization
 (SubjectAccessReview), discovery, OpenAPI v2/v3, ``Status`` errors, JSON and ``Table`` output,
-health checks and its own Prometheus metrics.
+health checks, overload protection (max-in-flight, probes exempt; :mod:`.inflight`), a guarded
+listener (header/idle/body deadlines, protocol errors as ``Status``; :mod:`kcms.httpguard`) and
+its own Prometheus metrics.
 
 Typical use::
 
