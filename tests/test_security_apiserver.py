@@ -1,7 +1,7 @@
-"""The API server under abuse, as a hostile client would try it: real HTTPS on loopback, raw TLS
-sockets for what no HTTP library sends (half-sent headers, bad request lines, unknown methods,
-oversized URLs and headers, unsupported encodings), overload past max-in-flight, huge-number
-selectors, watches, a broken own credential and log injection.
+"""The API server under abuse, as a hostile client would try it: real HTTPS on loopback and raw
+TLS sockets for half-sent headers, idle crowds and bodies that never arrive, overload past
+max-in-flight, huge-number selectors, watches, a broken own credential and log injection
+(protocol errors: test_apiserver_protocol.py).
 
 Each test checks the refusal (code and ``Status`` reason), that the server stays ready and its
 other answers are unaffected, and that the captured log has no traceback and no raw control
@@ -11,17 +11,24 @@ characters from the client.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import ssl
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from _abuse_helpers import (
+    Gate,
+    assert_clean_log,
+    closed_by_server,
+    eventually,
+    raw,
+    ready,
+    refusals,
+    serving,
+)
 from _apiserver_helpers import (
     GROUP,
     PKI,
@@ -30,136 +37,13 @@ from _apiserver_helpers import (
     pki_fixture,  # noqa: F401  (pytest fixture)
     running,
 )
-from aiohttp import web
 from prometheus_client import REGISTRY
 
 from kcms.apis.metrics.api import MetricsAPI
-from kcms.apiserver import AggregatedAPIServer, APIGroupVersion, AuthzOptions, ServingOptions, respond
+from kcms.apiserver import APIGroupVersion, AuthzOptions
 from kcms.kube.client import KubeClient
 from kcms.kube.inventory import StaticInventory
 from kcms.store.resource import ResourceStore
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-def serving(pki: PKI, **kw: Any) -> ServingOptions:
-    return ServingOptions(
-        secure_port=0,
-        bind_address="127.0.0.1",
-        tls_cert_file=pki.files["cert"],
-        tls_private_key_file=pki.files["key"],
-        **kw,
-    )
-
-
-class Gate:
-    """Handlers that wait until the test opens the gate, and one that reads its body."""
-
-    def __init__(self) -> None:
-        self.open = asyncio.Event()
-
-    def group(self) -> APIGroupVersion:
-        async def slow(request: web.Request) -> web.StreamResponse:
-            await self.open.wait()
-            return respond(request, {"kind": "SlowList", "items": []})
-
-        async def echo(request: web.Request) -> web.StreamResponse:
-            body = await request.read()
-            return respond(request, {"kind": "Echo", "size": len(body)})
-
-        return APIGroupVersion(
-            group=GROUP,
-            version="v1",
-            resources=[
-                {"name": "slow", "singularName": "", "namespaced": False, "kind": "Slow", "verbs": ["list"]},
-                {
-                    "name": "echo",
-                    "singularName": "",
-                    "namespaced": False,
-                    "kind": "Echo",
-                    "verbs": ["create"],
-                },
-                {
-                    "name": "watched",
-                    "singularName": "",
-                    "namespaced": False,
-                    "kind": "Watched",
-                    "verbs": ["list", "watch"],
-                },
-            ],
-            routes=[
-                ("GET", "/slow", slow),
-                ("POST", "/slow", slow),
-                ("POST", "/echo", echo),
-                ("GET", "/watched", slow),
-            ],
-        )
-
-
-async def raw(
-    server: AggregatedAPIServer, ctx: ssl.SSLContext, data: bytes
-) -> tuple[int, dict[str, str], bytes]:
-    """Send raw bytes over TLS; (status, lower-cased headers, body) of the answer (read to EOF)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
-    try:
-        writer.write(data)
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), 30)  # a hang guard, not a timing assertion
-    finally:
-        writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), headers, body
-
-
-def status_of(body: bytes) -> dict[str, Any]:
-    doc = orjson.loads(body)
-    assert doc["kind"] == "Status" and doc["apiVersion"] == "v1" and doc["status"] == "Failure", doc
-    return doc
-
-
-async def closed_by_server(reader: asyncio.StreamReader, trickle: Callable[[], bytes] | None = None) -> bytes:
-    """Read until the server closes the connection (EOF or reset); returns what it sent."""
-    got = b""
-    while True:
-        try:
-            chunk = await asyncio.wait_for(reader.read(65536), 60)  # hang guard only
-        except (ConnectionError, ssl.SSLError):
-            return got
-        if not chunk:
-            return got
-        got += chunk
-
-
-def refusals(listener: str, reason: str) -> float:
-    return (
-        REGISTRY.get_sample_value("kcms_http_refusals_total", {"listener": listener, "reason": reason}) or 0.0
-    )
-
-
-def assert_clean_log(caplog: pytest.LogCaptureFixture) -> None:
-    """No traceback, and nothing a client sent reaches the log raw (newlines, terminal escapes)."""
-    for r in caplog.records:
-        msg = r.getMessage()
-        assert r.exc_info is None and not r.exc_text, f"traceback logged: {msg}"
-        assert "Traceback" not in msg, msg
-        if r.name.startswith(("kcms", "aiohttp")):
-            assert "\n" not in msg and "\x1b" not in msg and "\r" not in msg, repr(msg)
-
-
-async def eventually(cond: Callable[[], bool], limit: float = 20.0) -> None:
-    end = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < end, "condition not met"
-        await asyncio.sleep(0.02)
-
-
-async def ready(server: AggregatedAPIServer, ctx: ssl.SSLContext) -> None:
-    for path in ("/readyz", "/livez", "/healthz"):
-        status, _, text = await fetch(server, ctx, path)
-        assert status == 200 and text == "ok", (path, status, text)
-
 
 # ---- slow and idle connections --------------------------------------------------------------------
 
@@ -295,122 +179,6 @@ async def test_over_max_inflight_is_429_with_retry_after_while_probes_answer(
         assert server.limiter.current == {"readOnly": 0, "mutating": 0}
         status, _, _ = await fetch(server, admin, url)
         assert status == 200
-    assert_clean_log(caplog)
-
-
-# ---- protocol errors ------------------------------------------------------------------------------
-
-
-PROTOCOL_CASES = [
-    ("bad request line", b"GARBAGE\r\n\r\n", 400, "BadRequest", "bad_request"),
-    ("extra words", b"GET /apis HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400, "BadRequest", "bad_request"),
-    ("binary", b"\x00\x01\x02\x03 / HTTP/1.1\r\n\r\n", 400, "BadRequest", "bad_request"),
-    (
-        "unknown method",
-        b"FOO /apis HTTP/1.1\r\nHost: x\r\n\r\n",
-        405,
-        "MethodNotAllowed",
-        "method_not_allowed",
-    ),
-    (
-        "20 KB URL",
-        b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-        414,
-        "RequestURITooLong",
-        "uri_too_long",
-    ),
-    (
-        "20 KB header",
-        b"GET /apis HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
-        431,
-        "RequestHeaderFieldsTooLarge",
-        "headers_too_large",
-    ),
-    (
-        "200 headers",
-        b"GET /apis HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(200)) + b"\r\n",
-        431,
-        "RequestHeaderFieldsTooLarge",
-        "headers_too_large",
-    ),
-    (
-        "brotli body",
-        f"POST /apis/{GROUP}/v1/echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 4\r\n\r\nabcd".encode(),
-        415,
-        "UnsupportedMediaType",
-        "unsupported_encoding",
-    ),
-    (
-        "unknown encoding",
-        f"POST /apis/{GROUP}/v1/echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: x-evil\r\nContent-Length: 4\r\n\r\nabcd".encode(),
-        415,
-        "UnsupportedMediaType",
-        "unsupported_encoding",
-    ),
-    (
-        "content-length and chunked",
-        f"POST /apis/{GROUP}/v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode(),
-        400,
-        "BadRequest",
-        "bad_request",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("name", "request_bytes", "code", "reason", "metric"), PROTOCOL_CASES, ids=[c[0] for c in PROTOCOL_CASES]
-)
-async def test_protocol_errors_get_a_status_and_one_escaped_log_line(
-    pki: PKI,
-    admin: ssl.SSLContext,
-    caplog: pytest.LogCaptureFixture,
-    name: str,
-    request_bytes: bytes,
-    code: int,
-    reason: str,
-    metric: str,
-) -> None:
-    caplog.set_level(logging.INFO)
-    gate = Gate()
-    gate.open.set()
-    before = refusals("apiserver", metric)
-    async with running(pki, group=gate.group()) as server:
-        status, headers, body = await raw(server, admin, request_bytes)
-        assert status == code, (name, body)
-        assert headers["content-type"].startswith("application/json")
-        doc = status_of(body)
-        assert (doc["code"], doc["reason"]) == (code, reason)
-        assert refusals("apiserver", metric) == before + 1
-        await ready(server, pki.client_ctx())
-        status, _, body = await fetch(server, admin, f"/apis/{GROUP}/v1/echo", method="POST")
-        assert status == 200 and body["size"] == 0
-    lines = [r for r in caplog.records if r.name == "kcms.httpguard"]
-    assert len(lines) == 1, [r.getMessage() for r in lines]
-    assert len(lines[0].getMessage()) < 400
-    assert_clean_log(caplog)
-
-
-async def test_a_broken_gzip_body_is_400_not_500(
-    pki: PKI, admin: ssl.SSLContext, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO)
-    gate = Gate()
-    async with running(pki, group=gate.group()) as server:
-        good = gzip.compress(b"y" * 50)
-        bad = good[:10] + b"\xff" * 20
-        for body, want in ((good, 200), (bad, 400)):
-            request = (
-                f"POST /apis/{GROUP}/v1/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
-            status, _, answer = await raw(server, admin, request)
-            assert status == want, answer
-            if want == 400:
-                assert status_of(answer)["reason"] == "BadRequest"
-            else:
-                assert orjson.loads(answer)["size"] == 50
-        await ready(server, pki.client_ctx())
     assert_clean_log(caplog)
 
 
@@ -561,135 +329,3 @@ async def test_client_strings_reach_the_log_escaped(pki: PKI, caplog: pytest.Log
     assert "\\n" in forbidden[0] and "\\x1b" in forbidden[0]  # there, escaped
     assert any("refused a request" in m for m in messages)
     assert_clean_log(caplog)
-
-
-# ---- the other listeners: store and agent processes --------------------------------------------------
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _plain(port: int, data: bytes) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.read(), 30)  # hang guard only
-    finally:
-        writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
-
-
-@pytest.fixture(name="component", params=["store", "agent"])
-def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """A `kcms store` or `kcms agent` process on loopback (plain HTTP): (port, a POST path, its
-    stderr file, the process)."""
-    import subprocess
-    import sys
-
-    port = _free_port()
-    if request.param == "store":
-        (tmp_path / "token").write_text("store-token\n")
-        cmd = [
-            "-m",
-            "kcms",
-            "store",
-            "--bind-address=127.0.0.1",
-            f"--port={port}",
-            f"--token-file={tmp_path / 'token'}",
-        ]
-        post = "/store/v1/write"
-    else:
-        cmd = [
-            "-m",
-            "kcms.agent.cli",
-            "--node-name=node-a",
-            "--no-cgroups",
-            "--no-apps",
-            "--insecure-serving",
-        ]
-        cmd += [f"--listen=127.0.0.1:{port}"]
-        post = "/v1/metrics"
-    log = tmp_path / "stderr"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, *cmd], stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        yield port, post, log, proc
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-async def test_store_and_agent_listeners_answer_protocol_errors_with_a_status(component: Any) -> None:
-    import urllib.request
-
-    port, post, log, proc = component
-    try:
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        await eventually(lambda: proc.poll() is not None or healthy(), 30)
-        assert proc.poll() is None, log.read_text()
-        cases = [
-            (b"GARBAGE\x1b[2J\r\n\r\n", 400, "BadRequest"),
-            (b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n", 405, "MethodNotAllowed"),
-            (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "RequestURITooLong"),
-            (
-                b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
-                431,
-                "RequestHeaderFieldsTooLarge",
-            ),
-            (
-                f"POST {post} HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 4\r\n\r\nabcd".encode(),
-                415,
-                "UnsupportedMediaType",
-            ),
-        ]
-        for request, code, reason in cases:
-            status, body = await _plain(port, request)
-            assert status == code, body
-            doc = status_of(body)
-            assert (doc["code"], doc["reason"]) == (code, reason)
-        assert healthy()
-    finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 30)
-    text = log.read_text(errors="replace")
-    assert "Traceback" not in text, text
-    assert "\x1b" not in text
-    assert text.count("refused a request") == len(cases), text
-
-
-@pytest.mark.parametrize(
-    ("command", "flag", "value"),
-    [
-        ("server", "--max-requests-inflight", "-1"),
-        ("server", "--max-mutating-requests-inflight", "-5"),
-        ("standalone", "--max-requests-inflight", "many"),
-        ("server", "--request-header-timeout", "0s"),
-        ("standalone", "--request-header-timeout", "soon"),
-    ],
-)
-def test_bad_overload_and_timeout_flags_stop_start_up_naming_the_flag(
-    command: str, flag: str, value: str
-) -> None:
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-m", "kcms", command, f"{flag}={value}"], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 2, result.stderr
-    assert f"argument {flag}" in result.stderr
-    assert "Traceback" not in result.stderr
