@@ -10,6 +10,10 @@ from typing import Any
 
 from aiohttp import web
 
+from kcms.model import RequestAttributes
+
+from .responses import StatusError, not_acceptable, parse_accept
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Route = tuple[str, str, Handler]  # (HTTP method, path suffix after /apis/<g>/<v>, handler)
 Resources = list[dict[str, Any]] | Callable[[], list[dict[str, Any]]]
@@ -66,6 +70,25 @@ class Discovery:
             if v.version == version:
                 return v
         return None
+
+    def check_watchable(self, attrs: RequestAttributes) -> None:
+        """405 for ``watch=true`` on a resource that does not list ``watch`` among its verbs, as the
+        generic apiserver answers for storage without a watcher (metrics-server's resources)."""
+        gv = self.find(attrs.api_group, attrs.api_version)
+        if gv is None:
+            return  # not ours: the router answers 404
+        for res in gv.resource_list():
+            if res.get("name") == attrs.resource:
+                if "watch" in res.get("verbs", ()):
+                    return
+                break
+        qualified = f"{attrs.resource}.{attrs.api_group}" if attrs.api_group else attrs.resource
+        raise StatusError(
+            405,
+            "MethodNotAllowed",
+            f'watch is not supported on resources of kind "{qualified}"',
+            {"group": attrs.api_group, "kind": attrs.resource},
+        )
 
     def all(self) -> list[APIGroupVersion]:
         """Every installed group version."""
@@ -171,3 +194,22 @@ def _aggregated_resources(gv: APIGroupVersion) -> list[dict[str, Any]]:
                 }
             )
     return list(parents.values())
+
+
+def negotiate_discovery(accept: str | None, aggregated_ok: bool) -> str:
+    """``"aggregated"`` or ``"legacy"`` for a discovery request; raise 406 if neither is acceptable."""
+    if not accept or not accept.strip():
+        return "legacy"
+    for mr in parse_accept(accept):
+        if (mr.type, mr.subtype) not in (("application", "json"), ("application", "*"), ("*", "*")):
+            continue
+        if "as" not in mr.params and not ({"g", "v"} & mr.params.keys()):
+            return "legacy"
+        if (
+            aggregated_ok
+            and mr.params.get("as") == "APIGroupDiscoveryList"
+            and mr.params.get("g") == "apidiscovery.k8s.io"
+            and mr.params.get("v") == "v2"
+        ):
+            return "aggregated"
+    raise not_acceptable()

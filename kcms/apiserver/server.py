@@ -30,7 +30,7 @@ from kcms.tasks import cancel_and_wait
 from . import metrics
 from .authn import ANONYMOUS, Authenticator, AuthnOptions, load_ca_certs, resolve
 from .authz import Authorizer, AuthzOptions, forbidden_error
-from .discovery import APIGroupVersion, Discovery
+from .discovery import APIGroupVersion, Discovery, negotiate_discovery
 from .health import CheckFn, Health
 from .inflight import RETRY_AFTER, InflightLimiter, is_probe
 from .openapi import OpenAPICache
@@ -40,8 +40,6 @@ from .responses import (
     internal_error,
     json_response,
     method_not_allowed,
-    not_acceptable,
-    parse_accept,
     path_not_found,
     status_response,
     unauthorized,
@@ -374,7 +372,7 @@ class AggregatedAPIServer:
         else:
             await self._authorize(user, attrs)
         if attrs.verb == "watch" and attrs.resource_request:
-            self._check_watchable(attrs)
+            self.discovery.check_watchable(attrs)
         try:
             if is_probe(request.path):
                 return await handler(request)
@@ -401,25 +399,6 @@ class AggregatedAPIServer:
         except Exception as e:
             log.exception("handler for %s %s failed", printable(request.method, 16), printable(request.path))
             raise internal_error(f"{type(e).__name__}: {e}") from e
-
-    def _check_watchable(self, attrs: RequestAttributes) -> None:
-        """405 for ``watch=true`` on a resource that does not list ``watch`` among its verbs, as the
-        generic apiserver answers for storage without a watcher (metrics-server's resources)."""
-        gv = self.discovery.find(attrs.api_group, attrs.api_version)
-        if gv is None:
-            return  # not ours: the router answers 404
-        for res in gv.resource_list():
-            if res.get("name") == attrs.resource:
-                if "watch" in res.get("verbs", ()):
-                    return
-                break
-        qualified = f"{attrs.resource}.{attrs.api_group}" if attrs.api_group else attrs.resource
-        raise StatusError(
-            405,
-            "MethodNotAllowed",
-            f'watch is not supported on resources of kind "{qualified}"',
-            {"group": attrs.api_group, "kind": attrs.resource},
-        )
 
     async def _authorize(self, user: UserInfo, attrs: RequestAttributes) -> None:
         try:
@@ -483,19 +462,19 @@ class AggregatedAPIServer:
         return json_response(request, VERSION_INFO)
 
     async def _apis(self, request: web.Request) -> web.StreamResponse:
-        if _discovery_negotiate(request.headers.get("Accept"), self.aggregated_discovery) == "aggregated":
+        if negotiate_discovery(request.headers.get("Accept"), self.aggregated_discovery) == "aggregated":
             return json_response(request, self.discovery.aggregated(), content_type=AGGREGATED_DISCOVERY_TYPE)
         return json_response(request, self.discovery.group_list())
 
     async def _api_group(self, request: web.Request) -> web.StreamResponse:
-        _discovery_negotiate(request.headers.get("Accept"), False)
+        negotiate_discovery(request.headers.get("Accept"), False)
         doc = self.discovery.group(request.match_info["group"])
         if doc is None:
             raise path_not_found()
         return json_response(request, doc)
 
     async def _api_resources(self, request: web.Request) -> web.StreamResponse:
-        _discovery_negotiate(request.headers.get("Accept"), False)
+        negotiate_discovery(request.headers.get("Accept"), False)
         doc = self.discovery.resource_list(request.match_info["group"], request.match_info["version"])
         if doc is None:
             raise path_not_found()
@@ -546,22 +525,3 @@ def _attributes(request: web.Request) -> RequestAttributes:
     from .requestinfo import request_attributes
 
     return request_attributes(request.method, request.path, request.query)
-
-
-def _discovery_negotiate(accept: str | None, aggregated_ok: bool) -> str:
-    """``"aggregated"`` or ``"legacy"`` for a discovery request; raise 406 if neither is acceptable."""
-    if not accept or not accept.strip():
-        return "legacy"
-    for mr in parse_accept(accept):
-        if (mr.type, mr.subtype) not in (("application", "json"), ("application", "*"), ("*", "*")):
-            continue
-        if "as" not in mr.params and not ({"g", "v"} & mr.params.keys()):
-            return "legacy"
-        if (
-            aggregated_ok
-            and mr.params.get("as") == "APIGroupDiscoveryList"
-            and mr.params.get("g") == "apidiscovery.k8s.io"
-            and mr.params.get("v") == "v2"
-        ):
-            return "aggregated"
-    raise not_acceptable()
