@@ -381,13 +381,6 @@ async def test_privileged_group_writes_without_a_review(stack: Stack) -> None:
     assert stack.reviews() == []  # system:masters is allowed by the server's authorizer itself
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kcms/store/series.py query() resolves a literal series name before the derived forms for "
-    "every namespace at once: a series literally named jobs_per_second in namespace a hides the rate "
-    "of jobs_total in b (fix: fall back to the derived form where the literal name has no series for "
-    "the requested resource and namespace); see /work/notes/H1.md",
-)
 async def test_a_literal_series_in_a_does_not_hide_a_derived_metric_read_in_b(stack: Stack) -> None:
     now = time.time()
     pod = {"metric": "jobs_total", "resource": "pods", "namespace": "b", "name": "worker-1"}

@@ -455,6 +455,10 @@ class SeriesStore:
         ``names``, each name's unlabelled series first; without, in series creation order.
         """
         by_resource = self._index.get(metric)
+        if by_resource is not None and namespace not in by_resource.get(resource, ()):
+            # No literal series of that name in this scope: a series literally named like a derived
+            # metric (``x_per_second``) in another namespace must not hide that namespace's rate of x.
+            by_resource = None
         kind = "latest"
         fn: str | None = None
         window = 0.0
