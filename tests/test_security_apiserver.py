@@ -182,6 +182,28 @@ async def test_over_max_inflight_is_429_with_retry_after_while_probes_answer(
     assert_clean_log(caplog)
 
 
+async def test_a_request_that_waits_too_long_for_a_seat_is_429(
+    pki: PKI, admin: ssl.SSLContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    gate = Gate()
+    labels = {"request_kind": "readOnly", "reason": "queue_wait"}
+    before = REGISTRY.get_sample_value("kcms_apiserver_dropped_requests_total", labels) or 0.0
+    async with running(pki, serving=serving(pki, executing_requests=1), group=gate.group()) as server:
+        server.limiter.queue_wait = 0.3  # kube's is 15 s; short here, no timing is asserted
+        url = f"/apis/{GROUP}/v1/slow"
+        holder = asyncio.create_task(fetch(server, admin, url))
+        await eventually(lambda: server.limiter.current["readOnly"] == 1)
+        status, headers, body = await fetch(server, admin, url)
+        assert status == 429 and headers["Retry-After"] == "1" and body["reason"] == "TooManyRequests"
+        assert REGISTRY.get_sample_value("kcms_apiserver_dropped_requests_total", labels) == before + 1
+        await ready(server, pki.client_ctx())  # probes never wait for a seat
+        gate.open.set()
+        assert (await holder)[0] == 200
+        assert server.limiter.current == {"readOnly": 0, "mutating": 0}
+    assert_clean_log(caplog)
+
+
 # ---- selectors and watches --------------------------------------------------------------------------
 
 
