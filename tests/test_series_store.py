@@ -487,3 +487,26 @@ def test_append_block_refuses_rows_that_point_outside_the_tables():
     ]
     assert store.append_block(["m", "pods", "ns", "p"], [()], rows) == (2, 2)
     assert [r.value for r in store.query("pods", "ns", ["p"], "m")] == [4.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.floats(allow_nan=False, allow_infinity=False, min_value=-1.7976931348623157e308),
+        min_size=2,
+        max_size=6,
+    ),
+    st.sampled_from(["x_per_second", *(f"x_total_agg_{fn}" for fn in AGG_FUNCTIONS)]),
+)
+def test_extreme_finite_points_never_yield_an_error_or_a_non_finite_value(values, metric):
+    """Finite points near the float limit (any writer may store them) must not make a derived read
+    raise (the whole list would fail for every reader) nor serve inf or nan."""
+    store = SeriesStore(retention=600)
+    now = 1_700_000_000.0
+    for i, v in enumerate(values):
+        store.append("x_total", pod("p"), (), now - len(values) + i, v)
+    store.append("x_total", pod("q"), (), now - 1, 1.0)
+    store.append("x_total", pod("q"), (), now, 2.0)
+    results = store.query("pods", "default", None, metric, now=now)
+    assert all(math.isfinite(r.value) for r in results)
+    assert "q" in [r.obj.name for r in results]  # the honest neighbour is always served

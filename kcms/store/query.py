@@ -10,7 +10,8 @@ A requested metric name is one of::
 
 with ``fn`` one of :data:`AGG_FUNCTIONS`. The store resolves a requested name by trying the literal
 series name first, then these forms, so a series that happens to be called ``x_per_second`` is still
-served as itself. :func:`parse_metric_name` is the grammar alone (it knows nothing of what is stored);
+served as itself — in the resource and namespace where it exists; elsewhere the name keeps its
+derived meaning (a tenant's literal series never hides another namespace's rate). :func:`parse_metric_name` is the grammar alone (it knows nothing of what is stored);
 :func:`format_metric_name` is its inverse.
 
 Percentiles use the nearest-rank method over the points inside the window: the value at rank
@@ -162,7 +163,11 @@ def percentile(values: Sequence[float], p: int) -> float:
 def aggregate(fn: str, values: Sequence[float]) -> float:
     """``fn`` (one of :data:`AGG_FUNCTIONS`) over a non-empty sequence of values in time order."""
     if fn == "avg":
-        return math.fsum(values) / len(values)
+        try:
+            return math.fsum(values) / len(values)
+        except OverflowError:  # finite values near the float limit: their sum overflows, the mean does not
+            n = len(values)
+            return math.fsum(v / n for v in values)
     if fn == "max":
         return max(values)
     if fn == "min":

@@ -47,6 +47,7 @@ Not thread-safe: use it from one thread (the event loop).
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from array import array
@@ -531,5 +532,7 @@ class SeriesStore:
                 first = _first_at_or_after(visible, max(last_ts - window, oldest)) << 1
                 value = aggregate(fn, visible[first + 1 :: 2])  # type: ignore[arg-type]
                 span = last_ts - visible[first]
+            if not math.isfinite(value):  # a rate of finite extremes can overflow: never serve inf or nan
+                continue
             append(Result(ObjectRef(resource, namespace, name), labels, value, last_ts, span))
         return out
