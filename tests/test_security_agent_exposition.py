@@ -26,6 +26,7 @@ import pytest
 import trustme
 from aiohttp import web
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 from kcms.agent.auth import MetricsAuth
 from kcms.agent.buffer import SampleBuffer
@@ -655,4 +656,29 @@ async def test_a_flood_of_unknown_tokens_on_a_hung_api_server_cannot_lock_the_co
         await agent.stop()
         await kube.close()
         await relay.stop()
+    no_traceback(caplog)
+
+
+async def test_the_agents_own_counters_are_served_to_the_collector_only(agent, ca, caplog) -> None:
+    """/metrics/agent serves the refusal counters (so an operator sees the attacks), guarded like
+    /metrics: an anonymous caller or a pod learns nothing."""
+    caplog.set_level(logging.INFO)
+    ctx = trusting(ca)
+    status, body, _ = await get(f"{agent.base}/metrics/agent", ctx)
+    assert status == 401 and b"kcms_agent" not in body
+    status, body, _ = await get(f"{agent.base}/metrics/agent", ctx, POD)
+    assert status == 403 and b"kcms_agent" not in body
+    status, body, headers = await get(f"{agent.base}/metrics/agent", ctx, COLLECTOR)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    refused = {
+        s.labels["reason"]: s.value
+        for s in families["kcms_agent_metrics_refusals"].samples
+        if s.name.endswith("_total")
+    }
+    assert refused["unauthenticated"] >= 1 and refused["forbidden"] >= 1  # the two calls above
+    assert SECRET_METRIC.encode() not in body  # counters only, no pod's data
+    # A since= that is not a number: a short, escaped 400, not the caller's text echoed at length.
+    status, body, _ = await get(f"{agent.base}/metrics?since=" + "9x\x1b[31m" * 500, ctx, COLLECTOR)
+    assert status == 400 and len(body) < 200 and b"\x1b" not in body
     no_traceback(caplog)

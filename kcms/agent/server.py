@@ -2,7 +2,8 @@
 
 ``GET /metrics`` serves the buffer in the agent exposition format (``?since=<ms>``: every point
 newer than ``since``), with the header ``X-KCMS-Agent-Time`` (the agent's clock, milliseconds, when
-the body was made). ``GET /healthz`` answers ``ok``. Other routes (the OTLP receiver) plug in with
+the body was made). ``GET /metrics/agent`` serves the agent's own Prometheus counters (refusals by
+reason, source errors, push outcomes), guarded like ``/metrics``. ``GET /healthz`` answers ``ok``. Other routes (the OTLP receiver) plug in with
 ``extra_routes``.
 
 ``/metrics`` holds every pod's metrics on the node, so ``kcms agent`` serves it over TLS
@@ -28,19 +29,22 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+import prometheus_client
 from aiohttp import web
 from prometheus_client import Counter
 
 from kcms.agent.auth import MetricsAuth
 from kcms.agent.buffer import Sample, SampleBuffer
 from kcms.httpguard import GuardedRunner, GuardOptions
+from kcms.limits import printable
 from kcms.tasks import cancel_and_wait, run_every
 
-__all__ = ["AGENT_TIME_HEADER", "Agent", "ServingTLS", "Source", "make_app"]
+__all__ = ["AGENT_TIME_HEADER", "OWN_METRICS_PATH", "Agent", "ServingTLS", "Source", "make_app"]
 
 log = logging.getLogger(__name__)
 
 AGENT_TIME_HEADER = "X-KCMS-Agent-Time"
+OWN_METRICS_PATH = "/metrics/agent"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -75,7 +79,8 @@ def make_app(
                 since = int(since_text)
             except ValueError:
                 return web.Response(
-                    status=400, text=f"since must be an integer (milliseconds), not {since_text!r}\n"
+                    status=400,
+                    text=f"since must be an integer (milliseconds), not {printable(since_text, 40)}\n",
                 )
         agent_time = int(clock() * 1000)
         body = buffer.render(since)
@@ -84,8 +89,19 @@ def make_app(
             headers={"Content-Type": CONTENT_TYPE, AGENT_TIME_HEADER: str(agent_time)},
         )
 
+    async def own_metrics(request: web.Request) -> web.Response:
+        """The agent's own counters (refusals by reason, source errors, push outcomes), in the
+        Prometheus text format; guarded like ``/metrics``."""
+        if auth is not None:
+            refusal = await auth.check(request)
+            if refusal is not None:
+                return refusal
+        body = prometheus_client.generate_latest(prometheus_client.REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get(OWN_METRICS_PATH, own_metrics)
     _add_open_routes(app, extra_routes)
     return app
 
