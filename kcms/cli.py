@@ -320,6 +320,15 @@ def add_serving_flags(p: argparse.ArgumentParser, default_port: int = 443) -> No
         metavar="N",
         help="mutating requests (pushes) served at once; more are answered 429 (default 200; 0: no limit)",
     )
+    g.add_argument(
+        "--max-executing-requests",
+        type=int,
+        default=4,
+        metavar="N",
+        help="admitted requests whose handlers run at once; the others wait in order, so probes and "
+        "new connections are read between big list renders (default 4; raise it when handlers mostly "
+        "wait on stores or reviews)",
+    )
 
 
 def add_auth_flags(p: argparse.ArgumentParser) -> None:
@@ -426,6 +435,8 @@ def validate_serving_flags(p: argparse.ArgumentParser, args: argparse.Namespace)
     for flag in ("max_requests_inflight", "max_mutating_requests_inflight"):
         if getattr(args, flag) < 0:
             p.error(f"argument --{flag.replace('_', '-')}: must be 0 (no limit) or more")
+    if args.max_executing_requests < 1:
+        p.error("argument --max-executing-requests: must be at least 1")
 
 
 def _check_files(p: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:

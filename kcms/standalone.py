@@ -191,6 +191,7 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         request_header_timeout=getattr(args, "request_header_timeout", 32.0),
         max_requests_inflight=getattr(args, "max_requests_inflight", 400),
         max_mutating_requests_inflight=getattr(args, "max_mutating_requests_inflight", 200),
+        executing_requests=getattr(args, "max_executing_requests", 4),
     )
 
 

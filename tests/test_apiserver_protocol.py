@@ -247,6 +247,7 @@ async def test_store_and_agent_listeners_answer_protocol_errors_with_a_status(co
         ("standalone", "--max-requests-inflight", "many"),
         ("server", "--request-header-timeout", "0s"),
         ("standalone", "--request-header-timeout", "soon"),
+        ("server", "--max-executing-requests", "0"),
     ],
 )
 def test_bad_overload_and_timeout_flags_stop_start_up_naming_the_flag(
@@ -261,3 +262,15 @@ def test_bad_overload_and_timeout_flags_stop_start_up_naming_the_flag(
     assert result.returncode == 2, result.stderr
     assert f"argument {flag}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_overload_flags_reach_the_servers_options() -> None:
+    from kcms.cli import build_parser
+    from kcms.standalone import serving_options
+
+    for command in ("standalone", "server"):
+        args = build_parser().parse_args(
+            [command, "--max-requests-inflight=7", "--max-mutating-requests-inflight=3", "--max-executing-requests=9"]
+        )
+        opts = serving_options(args)
+        assert (opts.max_requests_inflight, opts.max_mutating_requests_inflight, opts.executing_requests) == (7, 3, 9)
