@@ -28,6 +28,7 @@ from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
 from kcms.heap import HeapFreezer
+from kcms.httpguard import GuardedRunner, GuardOptions
 from kcms.selectors import parse_label_selector
 from kcms.store.cluster import StoreCluster
 from kcms.store.sink import ClusterSink
@@ -172,7 +173,7 @@ class CollectorProcess:
         app.router.add_get("/readyz", readyz)
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/status", status)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = GuardedRunner(app, GuardOptions(listener="collector"), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
             self._runner, self.args.health_bind_address, self.args.health_port, reuse_address=True

@@ -154,10 +154,10 @@ async def test_a_broken_gzip_body_is_400_not_500(
 # ---- the other listeners: store and agent processes --------------------------------------------------
 
 
-@pytest.fixture(name="component", params=["store", "agent"])
+@pytest.fixture(name="component", params=["store", "agent", "collector"])
 def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """A `kcms store` or `kcms agent` process on loopback (plain HTTP): (port, a POST path, its
-    stderr file, the process)."""
+    """A `kcms store`, `kcms agent` or `kcms collector` (its health listener) process on loopback
+    (plain HTTP): (port, a POST path, its stderr file, the process)."""
     import subprocess
     import sys
 
@@ -173,6 +173,21 @@ def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
             f"--token-file={tmp_path / 'token'}",
         ]
         post = "/store/v1/write"
+    elif request.param == "collector":
+        (tmp_path / "token").write_text("store-token\n")
+        (tmp_path / "inventory.json").write_text('{"kind": "List", "items": []}')
+        cmd = [
+            "-m",
+            "kcms",
+            "collector",
+            f"--inventory-file={tmp_path / 'inventory.json'}",
+            f"--store-endpoints=http://127.0.0.1:{free_port()}",
+            f"--store-token-file={tmp_path / 'token'}",
+            "--leader-elect=false",
+            "--health-bind-address=127.0.0.1",
+            f"--health-port={port}",
+        ]
+        post = "/status"
     else:
         cmd = [
             "-m",
@@ -194,7 +209,7 @@ def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         proc.wait(30)
 
 
-async def test_store_and_agent_listeners_answer_protocol_errors_with_a_status(component: Any) -> None:
+async def test_store_agent_and_collector_listeners_answer_protocol_errors_with_a_status(component: Any) -> None:
     import urllib.request
 
     port, post, log, proc = component

@@ -310,7 +310,7 @@ class NodePushAPI:
         newly = stale - self._stale
         for node in newly:
             self.resources.forget_node(node)
-            log.info("node %s is stale: no push for more than %gs", node, self.node_stale_after)
+            log.info("node %s is stale: no push for more than %gs", limits.printable(node, 80), self.node_stale_after)
         if newly:
             MARKED_STALE.inc(len(newly))
         self._stale = stale
@@ -413,7 +413,7 @@ class NodePushAPI:
             if batch.node in self._stale:
                 self._stale.discard(batch.node)
                 STALE.set(len(self._stale))
-                log.info("node %s reports again", batch.node)
+                log.info("node %s reports again", limits.printable(batch.node, 80))
             nodes += 1
         if write.history:  # (previous, last) pairs are for store-to-store copies, not from nodes
             refusals["node", UNSUPPORTED] += len(write.history)
