@@ -51,6 +51,7 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from prometheus_client import Counter
 
 from kcms.limits import printable
+from kcms.statusbody import status_object
 
 __all__ = [
     "ACCEPTED_ENCODINGS",
@@ -120,18 +121,7 @@ class GuardOptions:
 
 def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> bytes:
     """A failure ``v1`` ``Status`` as JSON (the API server kit's shape; this module sits below it)."""
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-    }
-    if details is not None:
-        body["details"] = details
-    body["code"] = code
-    return orjson.dumps(body)
+    return orjson.dumps(status_object(code, reason, message, details))
 
 
 def _status_response(code: int, reason: str, message: str) -> web.Response:

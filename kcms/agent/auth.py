@@ -47,6 +47,7 @@ from prometheus_client import Counter
 from kcms.kube.reviews import AccessReviewer, ReviewError, TokenReviewer
 from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
+from kcms.statusbody import status_object
 
 __all__ = ["REASONS", "MetricsAuth", "status_response"]
 
@@ -80,15 +81,7 @@ _STATUS_REASON = {401: "Unauthorized", 403: "Forbidden", 429: "TooManyRequests",
 
 def status_response(code: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     """A Kubernetes ``Status`` (kind Status, apiVersion v1) with ``code`` and ``message``."""
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": _STATUS_REASON.get(code, ""),
-        "code": code,
-    }
+    body = status_object(code, _STATUS_REASON.get(code, ""), message)
     return web.Response(
         status=code, body=orjson.dumps(body), content_type="application/json", headers=headers
     )

@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from kcms.statusbody import status_object
+
 JSON = "application/json"
 GZIP_MIN_BYTES = 1024
 _ACCEPTED_TYPES = "application/json"
@@ -32,24 +34,6 @@ class StatusError(Exception):
     def status(self) -> dict[str, Any]:
         """The ``Status`` object as a dict."""
         return status_object(self.code, self.reason, self.message, self.details)
-
-
-def status_object(
-    code: int, reason: str, message: str, details: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A failure ``Status`` dict in the field order kube uses."""
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-    }
-    if details is not None:
-        body["details"] = details
-    body["code"] = code
-    return body
 
 
 def _qualified(group: str, resource: str) -> str:

@@ -37,6 +37,7 @@ from kcms.limits import printable
 from kcms.model import ObjectRef
 from kcms.selectors import SelectorError, parse_label_selector
 from kcms.sources.bounds import SAMPLE_REASONS, screen_rows
+from kcms.statusbody import status_object
 from kcms.store import wire
 from kcms.store.resource import ResourceStore
 from kcms.store.ring import Ring, node_key
@@ -135,15 +136,7 @@ def _read_token(path: str) -> tuple[str, str]:
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
+    body = status_object(code, reason, message)
     return web.Response(status=code, body=orjson.dumps(body), content_type="application/json")
 
 
