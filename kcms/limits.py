@@ -19,6 +19,7 @@ Paths may be stricter (the metric push keeps its own, smaller label limits); non
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable
 
@@ -33,6 +34,10 @@ __all__ = [
     "MAX_METRIC_NAME_LENGTH",
     "METRIC_NAME_TOO_LONG",
     "TOO_MANY_LABELS",
+    "DNS_LABEL_RE",
+    "DNS_SUBDOMAIN_RE",
+    "LABEL_NAME_RE",
+    "METRIC_NAME_RE",
     "configure",
     "future_limit",
     "labels_problem",
@@ -46,6 +51,14 @@ MAX_METRIC_NAME_LENGTH = 253
 MAX_LABELS = 32
 MAX_LABEL_NAME_LENGTH = 128
 MAX_LABEL_VALUE_LENGTH = 1024
+
+# The syntax of names, for every path that checks them (use ``fullmatch``).
+METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)  # Prometheus metric names
+LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)  # Prometheus label names
+DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)  # namespaces (<= 63 characters)
+DNS_SUBDOMAIN_RE = re.compile(  # object names and group-resources (<= 253 characters)
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
 
 # Refusal reasons (stable: Prometheus label values and words in answers).
 FUTURE_TIMESTAMP = "future_timestamp"

@@ -33,7 +33,6 @@ Not thread-safe: use it from the event loop's thread.
 from __future__ import annotations
 
 import logging
-import re
 import struct
 import time
 from collections.abc import Iterable
@@ -73,8 +72,8 @@ REJECTED = Counter(
 for _reason in REASONS:
     REJECTED.labels(_reason)
 
-_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
-_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
+_METRIC_RE = limits.METRIC_NAME_RE
+_LABEL_RE = limits.LABEL_NAME_RE
 _POINT = 16
 # A Kubernetes object name's bound (resource, namespace, name): what the collector's parser and the
 # store accept (kcms.sources.exposition.object_problem, kcms.sources.bounds.screen_rows).

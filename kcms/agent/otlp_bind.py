@@ -31,10 +31,10 @@ series about its Deployment or namespace.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Hashable, Iterable
 
+from kcms import limits
 from kcms.agent.pods import AgentPod, Sender, normal_ip, workloads
 from kcms.limits import printable
 from kcms.model import Labels, ObjectRef
@@ -65,8 +65,8 @@ BIND_REASONS = (
     "sender_limit",
 )
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_DNS_LABEL = limits.DNS_LABEL_RE
+_DNS_SUBDOMAIN = limits.DNS_SUBDOMAIN_RE
 _WORKLOAD_ATTRIBUTES = (
     ("k8s.deployment.name", "Deployment"),
     ("k8s.replicaset.name", "ReplicaSet"),

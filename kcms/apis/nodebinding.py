@@ -38,7 +38,6 @@ the metric APIs read.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -91,11 +90,11 @@ NON_FINITE_VALUE = "non_finite_value"
 BAD_ROW = "bad_row"
 UNSUPPORTED = "unsupported"
 
-_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
-_LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*", re.ASCII)
+_METRIC_RE = limits.METRIC_NAME_RE
+_LABEL_NAME_RE = limits.LABEL_NAME_RE
 
-_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
-_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN_RE = limits.DNS_SUBDOMAIN_RE
+_DNS_LABEL_RE = limits.DNS_LABEL_RE
 
 
 def _subdomain(name: str) -> bool:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -123,9 +122,9 @@ __all__ = [  # the reasons of the other modules are re-exported: one place lists
     "parse_body",
 ]
 
-_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.ASCII)
-_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_METRIC_RE = limits.METRIC_NAME_RE
+_DNS_LABEL_RE = limits.DNS_LABEL_RE
+_DNS_SUBDOMAIN_RE = limits.DNS_SUBDOMAIN_RE
 _FIELDS = frozenset({"metric", "resource", "namespace", "name", "labels", "value", "timestamp"})
 _MAX_ERRORS = 10  # per-sample explanations returned in one answer
 _BATCH = 1000  # samples stored between two yields to the event loop

@@ -76,8 +76,8 @@ _FAST_RE = re.compile(
     re.ASCII,
 )
 _PAIR_RE = re.compile(r',([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"', re.ASCII)
-_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_DNS_LABEL_RE = limits.DNS_LABEL_RE
+_DNS_SUBDOMAIN_RE = limits.DNS_SUBDOMAIN_RE
 _TS_MIN = -62135596800000  # 0001-01-01T00:00:00Z in ms: earlier years have no RFC 3339 form
 _TS_MAX = 2**63  # not an int64 (the slow path's parse_timestamp says the same)
 
