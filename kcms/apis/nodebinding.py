@@ -16,23 +16,13 @@ A claim must carry exactly one value that is a valid node (or pod) name. A node 
 claim that disagree (the inventory places the pod elsewhere) name no node. A caller with no node
 identity is refused as a whole (:class:`NoNodeIdentity`, a 403).
 
-:class:`NodeScope` then decides each item of the push (the reasons are Prometheus label values):
-
-* a reading or sample about another node: ``other_node``; about the caller's own node when the
-  inventory does not list it (not yet, or not selected by ``--node-selector``): ``unknown_node`` --
-  and then every item of the push is refused so;
-* a pod (reading, or sample about ``pods``) the inventory does not list: ``unknown_pod``; listed on
-  another node: ``pod_not_on_node``;
-* a sample about any other cluster-scoped object: ``object_not_bound`` (a node has no claim on it);
-* a sample about a namespaced object other than a pod (a Deployment, or an external metric of a
-  namespace): ``object_not_bound`` -- unless ``allow_namespaced`` (``kcms server
-  --node-push-allow-namespaced-objects``), and then only in a namespace where the inventory places
-  at least one pod on the caller's node (else ``namespace_not_on_node``). This is the agent's OTLP
-  receiver's Deployment and namespace series; with the flag, a node can write such series for every
-  object of the namespaces it runs pods of, not only for the pods' own owners.
-
-Resource names are compared exactly (``pods``, ``nodes``): they are the strings the stores index and
-the metric APIs read.
+:class:`~kcms.nodescope.NodeScope` (:mod:`kcms.nodescope`, shared with the collector's agent scrape)
+then decides each item of the push: ``other_node``, ``unknown_node`` (and then every item of the push
+is refused so), ``unknown_pod``, ``pod_not_on_node``, ``object_not_bound`` and
+``namespace_not_on_node``, as that module's docstring says. Namespaced objects other than pods
+(a Deployment, or an external metric of a namespace) are allowed only with ``kcms server
+--node-push-allow-namespaced-objects``, and then only in a namespace where the inventory places at
+least one pod on the caller's node: the agent's OTLP receiver's Deployment and namespace series.
 """
 
 from __future__ import annotations
@@ -46,6 +36,15 @@ from typing import Any
 from kcms import limits
 from kcms.apis.quota import SeriesQuota
 from kcms.model import Inventory, Labels, NodeBatch, ObjectRef, ResourcePoint, UserInfo
+from kcms.nodescope import (
+    NAMESPACE_NOT_ON_NODE,
+    OBJECT_NOT_BOUND,
+    OTHER_NODE,
+    POD_NOT_ON_NODE,
+    UNKNOWN_NODE,
+    UNKNOWN_POD,
+    NodeScope,
+)
 from kcms.sources.bounds import point_problem
 from kcms.sources.exposition import object_problem
 from kcms.store.wire import WireNode, WirePoint
@@ -73,14 +72,8 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 NODE_USER_PREFIX = "system:node:"
 NODES_GROUP = "system:nodes"
 
-# Refusal reasons (stable: Prometheus label values).
-OTHER_NODE = "other_node"
-UNKNOWN_NODE = "unknown_node"
-UNKNOWN_POD = "unknown_pod"
-POD_NOT_ON_NODE = "pod_not_on_node"
-OBJECT_NOT_BOUND = "object_not_bound"
-NAMESPACE_NOT_ON_NODE = "namespace_not_on_node"
-# ... and of the items' contents
+# Refusal reasons of the items' contents (stable: Prometheus label values); those of the binding
+# are kcms.nodescope's, re-exported above.
 INVALID_CONTAINER_NAME = "invalid_container_name"
 TOO_MANY_CONTAINERS = "too_many_containers"
 INVALID_METRIC_NAME = "invalid_metric_name"
@@ -161,61 +154,6 @@ def node_identity(user: UserInfo, inventory: Inventory) -> NodeIdentity:
         "the credential names no node: push with the agent's bound ServiceAccount token (node or pod "
         f"claim) or as {NODE_USER_PREFIX}<name> in group {NODES_GROUP}"
     )
-
-
-class NodeScope:
-    """What one node may report in one push (answers are cached for the push: the inventory is a
-    cache that may change between awaits, never within a push, which is handled synchronously)."""
-
-    __slots__ = ("_namespaces", "_pods", "allow_namespaced", "inventory", "node", "node_known")
-
-    def __init__(self, node: str, inventory: Inventory, *, allow_namespaced: bool = False) -> None:
-        self.node = node
-        self.inventory = inventory
-        self.allow_namespaced = allow_namespaced
-        self.node_known = inventory.node(node) is not None
-        self._pods: dict[tuple[str, str], str | None] = {}
-        self._namespaces: dict[str, bool] = {}
-
-    def node_reason(self, name: str) -> str | None:
-        """Why a reading or sample about node ``name`` is refused, or None."""
-        if name != self.node:
-            return OTHER_NODE
-        return None if self.node_known else UNKNOWN_NODE
-
-    def pod_reason(self, namespace: str, name: str) -> str | None:
-        """Why a reading or sample about pod ``namespace/name`` is refused, or None."""
-        key = (namespace, name)
-        try:
-            return self._pods[key]
-        except KeyError:
-            pass
-        if not self.node_known:
-            reason: str | None = UNKNOWN_NODE
-        else:
-            pod = self.inventory.pod(namespace, name)
-            reason = UNKNOWN_POD if pod is None else None if pod.node_name == self.node else POD_NOT_ON_NODE
-        if len(self._pods) < 100_000:  # a push of many distinct names must not grow this unbounded
-            self._pods[key] = reason
-        return reason
-
-    def object_reason(self, resource: str, namespace: str, name: str) -> str | None:
-        """Why a sample about ``(resource, namespace, name)`` is refused, or None (the reference is
-        already known to be well formed)."""
-        if resource == "pods" and namespace:
-            return self.pod_reason(namespace, name)
-        if resource == "nodes" and not namespace:
-            return self.node_reason(name)
-        if not self.node_known:
-            return UNKNOWN_NODE
-        if not namespace or not self.allow_namespaced:
-            return OBJECT_NOT_BOUND
-        hosted = self._namespaces.get(namespace)
-        if hosted is None:
-            hosted = any(p.node_name == self.node for p in self.inventory.pods(namespace))
-            if len(self._namespaces) < 10_000:
-                self._namespaces[namespace] = hosted
-        return None if hosted else NAMESPACE_NOT_ON_NODE
 
 
 # ---- the items of one push ------------------------------------------------------------------------
