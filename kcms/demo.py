@@ -121,7 +121,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         serving,
         AuthnOptions(skip_lookup=True, allow_anonymous=True, client_ca_file=client_ca),
         AuthzOptions(allow_all=True),
-        agent_targets=agents.targets,
+        agent_targets=agents.bound_targets,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -66,9 +66,12 @@ async def test_agents_serve_the_format_and_since_limits_what_is_sent(agents: Sim
     assert status == 200 and abs(int(headers["X-KCMS-Agent-Time"]) / 1000 - time.time()) < 60
     samples, rejected = parse_exposition(body)
     assert rejected == {}
-    # The newest point of every series: this node's pods' counters and the node gauges, once each.
+    # The newest point of every series: this node's pods' counters and the node gauges, once each,
+    # and the Deployment and namespace series homed on this node: only of namespaces it runs pods of.
     series = {(m, o, lb) for m, o, lb, _, _ in samples}
-    assert len(series) == len(samples) == sample_lines(body) == len(node.pods) + 2
+    others = [o for _, o, _, _, _ in samples if o.resource not in ("pods", "nodes")]
+    assert len(series) == len(samples) == sample_lines(body) == len(node.pods) + 2 + len(others)
+    assert all(any(p.namespace == o.namespace for p in node.pods) for o in others)
     assert {o.name for m, o, _, _, _ in samples if m == "http_requests_total"} == {p.name for p in node.pods}
     for m, o, _, ts, value in samples:
         if m == "http_requests_total":

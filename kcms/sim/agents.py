@@ -8,8 +8,11 @@ Each agent serves ``GET /metrics`` in the agent exposition format (see
 :mod:`kcms.sources.exposition`): the application samples of :class:`kcms.sim.apps.SimulatedAppMetrics`
 for the pods of its node, plus synthetic node gauges (``node_load1``, ``node_memory_working_set_bytes``).
 Samples that are about no single pod (a Deployment's ``queue_backlog`` and the external
-``queue_backlog{queue=...}``) are served by the first node's agent only, so that every series has
-exactly one source.
+``queue_backlog{queue=...}`` of a namespace) are served by one agent only, so that every series has
+exactly one source: that of the first node (in index order) running a pod of the Deployment, or of
+the namespace. Every agent thus reports only what its node may (:mod:`kcms.nodescope`: its node, its
+pods, namespaced objects of namespaces it runs pods of), as the collector checks for bound targets
+(:meth:`SimulatedAgents.bound_targets`).
 
 Points lie on a grid of ``period`` seconds (multiples of ``period`` since the epoch), from the tick at
 or before :meth:`SimulatedAgents.start` up to now, and are kept ``buffer_seconds`` (5 minutes), so
@@ -173,6 +176,11 @@ class SimulatedAgents:
         """``(node name, "host:port")`` of every agent (after :meth:`start`)."""
         return [(name, f"{host}:{port}") for name, (host, port) in self._endpoints.items()]
 
+    def bound_targets(self) -> list[tuple[str, str, str]]:
+        """``(node name, "host:port", node name)``: :meth:`targets` bound to their nodes, for a
+        collector that checks each agent's samples against its node."""
+        return [(name, address, name) for name, address in self.targets()]
+
     def url(self, node: str) -> str:
         """The base URL of ``node``'s agent, e.g. ``http://127.0.0.1:40123``."""
         host, port = self._endpoints[node]
@@ -206,11 +214,20 @@ class SimulatedAgents:
 
     def _generate(self, t: float) -> dict[str, list[Sample]]:
         cluster = self.cluster
-        home = cluster.nodes[0].name
+        # The home of a Deployment's series ((namespace, app)) and of a namespace's ((namespace, "")):
+        # the first node running one of its pods, so that the agent reporting it may.
+        homes: dict[tuple[str, str], str] = {}
+        for n in cluster.nodes:
+            for pod in n.pods:
+                homes.setdefault((pod.namespace, pod.app), n.name)
+                homes.setdefault((pod.namespace, ""), n.name)
         out: dict[str, list[Sample]] = {n.name: [] for n in cluster.nodes}
         for s in self.apps.samples(t):
             obj = s[1]
-            node = cluster.node_of_pod(obj.namespace, obj.name) if obj.resource == "pods" else home
+            if obj.resource == "pods":
+                node = cluster.node_of_pod(obj.namespace, obj.name)
+            else:  # a Deployment named after its app, or a namespace's external series (name "")
+                node = homes[(obj.namespace, obj.name)]
             out[node].append(s)
         for n in cluster.nodes:
             ref = ObjectRef("nodes", "", n.name)
