@@ -78,6 +78,7 @@ class CollectorProcess:
                 port=args.agent_port,
                 interval=args.agent_scrape_interval,
                 access=agent_access(args, kube),
+                inventory=inventory,  # each agent's samples bound to its node (kcms/nodescope.py)
             )
         self.scraping = False
         self._switch = asyncio.Lock()

@@ -175,6 +175,7 @@ def build_pipeline(
             interval=args.agent_scrape_interval,
             targets=agent_targets,
             access=agent_access(args, kube_client),
+            inventory=inventory,  # each agent's samples bound to its node (kcms/nodescope.py)
         )
         server.add_check("agent-collection-timely", agents.healthy, livez=True, readyz=False)
     return Pipeline(inventory, store, kubelets, collector, server, series, push, agents)

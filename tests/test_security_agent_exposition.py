@@ -532,13 +532,16 @@ async def test_standalone_pipeline_scrapes_the_guarded_agent_with_its_flags(
     discovers the agent pod, verifies the agent, authenticates, and the agent's series reach the store;
     the same pipeline with a tenant's token stores nothing."""
     from _pipeline import start_env, stop_env
-    from fakeobjects import make_pod
+    from fakeobjects import make_node, make_pod
 
     from kcms.sim import SimulatedCluster
 
     ca_file, token_file = tmp_path / "agent-ca.pem", tmp_path / "agent-token"
     ca.cert_pem.write_to_path(str(ca_file))
     fake_kube.upsert(make_pod("kube-system", "kcms-agent-x", NODE, labels={"app": "kcms-agent"}))
+    # The agent reports for its node: the inventory must place the node and the pod it reports on it.
+    fake_kube.upsert(make_node(NODE))
+    fake_kube.upsert(make_pod("shop", "web-1", NODE))
     sim = SimulatedCluster(nodes=1, pods_per_node=1, containers_per_pod=1, seed=4, ca=ca)
     await sim.start()
     try:

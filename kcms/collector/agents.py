@@ -1,8 +1,29 @@
 """The collector of KCMS node agents: discover agent pods, scrape ``/metrics`` incrementally, store.
 
 Targets come from a pods informer (the ``--agent-selector`` label selector; Running pods with a
-``status.hostIP``, scraped at ``https://<hostIP>:<port>``; the target is named ``<namespace>/<pod>``)
-or from a static ``targets`` callable of ``(name, "host:port")`` pairs (simulations).
+``status.hostIP``, scraped at ``https://<hostIP>:<port>``; the target is named ``<namespace>/<pod>``
+and bound to the agent pod's ``spec.nodeName``) or from a static ``targets`` callable of
+``(name, "host:port")`` pairs (unbound: tests and simulations of a single writer) or
+``(name, "host:port", node)`` triples (bound to ``node``, as :meth:`SimulatedAgents.bound_targets
+<kcms.sim.agents.SimulatedAgents.bound_targets>` gives them).
+
+**A node's agent reports only its node** (issue 8: every agent shares one serving certificate, so
+the certificate cannot tell agents apart; the node the scrape went to does). Given an ``inventory``
+(``kcms server`` and ``kcms collector`` always pass theirs), every parsed sample of a bound target is
+decided by :class:`kcms.nodescope.NodeScope` before it is stored: a sample about another node
+(``other_node``), a pod the inventory does not list (``unknown_pod``) or places on another node
+(``pod_not_on_node``), any other cluster-scoped object (``object_not_bound``) is refused, alone; a
+namespaced object that is not a pod (a pod's Deployment, a namespace's external series: the agent's
+OTLP receiver writes them) is accepted by default (``allow_namespaced``) but only in a namespace
+where the inventory places at least one pod on the agent's node (else ``namespace_not_on_node``).
+While the inventory does not list the node itself, everything it reports is ``unknown_node``.
+Refusals are counted in ``kcms_collector_agent_rejected_samples_total{reason}`` with the parser's
+reasons, and said in one warning per target at most every :data:`REFUSAL_LOG_EVERY` seconds (counts
+since the last one, and one refused object, escaped); the rest of the scrape is stored. Nothing is
+scraped until the inventory has synced (a node's pods would all be ``unknown_pod``), and an agent pod
+without a node is not a target. Without an ``inventory``, or for an unbound static target, samples
+are stored as they come. The check costs about 0.2 µs per sample, against 1.5 µs to parse it
+(figures in :meth:`AgentCollector._bind`).
 
 How agents are reached is an :class:`AgentAccess`: HTTPS, the agent's certificate verified against
 ``ca_file`` for the name ``server_name`` (default ``kcms-agent.kube-system.svc``: one certificate
@@ -44,8 +65,11 @@ from typing import Any
 import aiohttp
 from prometheus_client import Counter, Gauge, Histogram
 
+from kcms import limits
 from kcms.kube.client import KubeClient
 from kcms.kube.informer import Informer
+from kcms.model import Inventory
+from kcms.nodescope import NodeScope
 from kcms.sources.exposition import DEFAULT_MAX_BYTES, ExpositionError, parse_exposition
 from kcms.tasks import cancel_and_wait
 
@@ -70,6 +94,8 @@ DUPLICATES = Counter(
     "kcms_collector_agent_duplicate_samples_total",
     "Agent samples not stored: not newer than the series' last point.",
 )
+# reason: one of kcms.sources.exposition.REASONS (a line that cannot be used) or of
+# kcms.nodescope.REASONS (a sample about an object the agent's node may not report): a bounded set.
 REJECTED = Counter(
     "kcms_collector_agent_rejected_samples_total", "Agent sample lines dropped, by reason.", ["reason"]
 )
@@ -82,6 +108,7 @@ TARGETS = Gauge("kcms_collector_agent_targets", "Agent endpoints scraped in the 
 
 DEFAULT_MAX_BODY = DEFAULT_MAX_BYTES
 DEFAULT_AGENT_SERVER_NAME = "kcms-agent.kube-system.svc"
+REFUSAL_LOG_EVERY = 60.0  # seconds between two warnings about one target's refused samples
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:
@@ -179,24 +206,29 @@ class AgentPod:
     name: str
     phase: str
     host_ip: str
+    node_name: str = ""  # spec.nodeName: the node the agent reports for
 
 
 def agent_pod_from_json(obj: dict[str, Any]) -> AgentPod:
     """An :class:`AgentPod` from a v1 Pod object (as listed or watched)."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
     return AgentPod(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         phase=str(status.get("phase") or ""),
         host_ip=str(status.get("hostIP") or ""),
+        node_name=str(spec.get("nodeName") or ""),
     )
 
 
 class AgentCollector:
     """Scrapes node agents into a series store (see the module docstring).
 
-    ``kube`` is a :class:`KubeClient` for discovery (``None`` with a static ``targets`` callable).
+    ``kube`` is a :class:`KubeClient` for discovery (``None`` with a static ``targets`` callable);
+    ``inventory`` binds each bound target's samples to its node, ``allow_namespaced`` lets a node
+    report namespaced objects other than pods of the namespaces it runs pods of.
     """
 
     def __init__(
@@ -209,9 +241,11 @@ class AgentCollector:
         interval: float = 5.0,
         timeout: float | None = None,
         max_in_flight: int = 100,
-        targets: Callable[[], Iterable[tuple[str, str]]] | None = None,
+        targets: Callable[[], Iterable[tuple[str, str] | tuple[str, str, str]]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         access: AgentAccess | None = None,
+        inventory: Inventory | None = None,
+        allow_namespaced: bool = True,
     ) -> None:
         if kube is None and targets is None:
             raise ValueError("AgentCollector needs a Kubernetes client or a targets callable")
@@ -228,6 +262,8 @@ class AgentCollector:
         self._ssl: ssl.SSLContext | None = None
         self._ssl_stamp: tuple | None = None
         self._static = targets
+        self.inventory = inventory
+        self.allow_namespaced = allow_namespaced
         self.informer: Informer[AgentPod] | None = None
         if targets is None and kube is not None:
             self.informer = Informer(
@@ -251,11 +287,15 @@ class AgentCollector:
         self.duplicates = 0
         self.failures: dict[tuple[str, str], int] = {}  # (target, reason) -> count
         self.rejected: dict[str, int] = {}
+        self._refused_since_log: dict[str, dict[str, int]] = {}  # target -> reason -> count
+        self._last_refusal_log: dict[str, float] = {}  # target -> monotonic time of its last warning
 
     # ----- discovery ---------------------------------------------------------------------------
 
     def has_synced(self) -> bool:
-        """True once targets are known (always, with static targets)."""
+        """True once targets are known (always, with static targets) and the inventory (if any) is in."""
+        if self.inventory is not None and not self.inventory.has_synced():
+            return False
         return self.informer is None or self.informer.has_synced()
 
     async def sync(self) -> None:
@@ -265,15 +305,20 @@ class AgentCollector:
 
     def targets(self) -> list[tuple[str, str]]:
         """``(name, "host:port")`` of every agent to scrape now."""
+        return [(name, address) for name, address, _ in self.bound_targets()]
+
+    def bound_targets(self) -> list[tuple[str, str, str | None]]:
+        """``(name, "host:port", node)`` of every agent to scrape now; node None: not bound."""
         if self._static is not None:
-            return list(self._static())
+            return [(t[0], t[1], t[2] if len(t) > 2 else None) for t in self._static()]  # type: ignore[misc]
         if self.informer is None:
             return []
-        out = []
+        out: list[tuple[str, str, str | None]] = []
         for p in self.informer.values():
-            if p.phase == "Running" and p.host_ip:
+            # A Running pod always has a node; one without cannot be bound, so it is not scraped.
+            if p.phase == "Running" and p.host_ip and (p.node_name or self.inventory is None):
                 host = f"[{p.host_ip}]" if ":" in p.host_ip else p.host_ip
-                out.append((f"{p.namespace}/{p.name}", f"{host}:{self.port}"))
+                out.append((f"{p.namespace}/{p.name}", f"{host}:{self.port}", p.node_name or None))
         return out
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -363,10 +408,14 @@ class AgentCollector:
         """Scrape every target once, concurrently; return how many failed."""
         t0 = time.monotonic()
         self.last_cycle_started = t0
-        targets = dict(self.targets())
+        if self.inventory is not None and not self.inventory.has_synced():
+            # Every pod would be unknown_pod: wait (the targets' buffers are fetched once it is in).
+            log.debug("agent cycle skipped: the inventory has not synced yet")
+            return 0
+        targets = {name: (address, node) for name, address, node in self.bound_targets()}
         self._forget([t for t in {*self._since, *self._last_reason} if t not in targets])
         TARGETS.set(len(targets))
-        results = await asyncio.gather(*(self._scrape_one(n, a) for n, a in targets.items()))
+        results = await asyncio.gather(*(self._scrape_one(n, a, nd) for n, (a, nd) in targets.items()))
         failures = results.count(False)
         self.cycles += 1
         self.last_cycle_failures = failures
@@ -383,6 +432,8 @@ class AgentCollector:
         for name in gone:
             self._since.pop(name, None)
             self._last_reason.pop(name, None)
+            self._refused_since_log.pop(name, None)
+            self._last_refusal_log.pop(name, None)
         dropped = set(gone)
         for key in [k for k in self.failures if k[0] in dropped]:
             del self.failures[key]
@@ -415,7 +466,7 @@ class AgentCollector:
         except (aiohttp.ClientError, OSError) as e:
             raise _Failure("connection", f"{e.__class__.__name__}: {e}") from None
 
-    async def _scrape_one(self, name: str, address: str) -> bool:
+    async def _scrape_one(self, name: str, address: str, node: str | None = None) -> bool:
         # A target seen for the first time is asked for everything it buffers (since=0): agents
         # keep 5 minutes, so a collector that (re)starts gets that history back and serves
         # rates and windows at once instead of after two scrapes.
@@ -433,16 +484,20 @@ class AgentCollector:
                 return self._failed(name, url, "timeout", f"no answer within {self.timeout:.2f}s")
             except ExpositionError as e:
                 return self._failed(name, url, f"decode_{e.reason}", str(e))
+            parsed = samples
+            if node is not None and self.inventory is not None:
+                samples = self._bind(name, node, samples)
             try:
                 accepted = self.store.append_many(samples)
             except ValueError as e:  # the parser checks what the store does; this is a bug if seen
                 return self._failed(name, url, "store", str(e))
             SCRAPE_DURATION.observe(time.monotonic() - t0)
-        if samples:
-            newest = round(max(s[3] for s in samples) * 1000)
+        if parsed:
+            # Over every parsed sample, refused ones too: a sample refused now is refused again.
+            newest = round(max(s[3] for s in parsed) * 1000)
             # Never past the agent's clock nor ours: a point stamped ahead must not hide the
             # agent's later real points (see the module docstring).
-            ceiling = round(time.time() * 1000)
+            ceiling = int(time.time() * 1000)  # floor: never a fraction of a ms past now
             if agent_ms is not None and agent_ms < ceiling:
                 ceiling = agent_ms
             newest = min(newest, ceiling)
@@ -463,6 +518,64 @@ class AgentCollector:
         if self._last_reason.pop(name, None) is not None:
             log.info("agent %s at %s: scraping again", name, address)
         return True
+
+    def _bind(self, target: str, node: str, samples: list) -> list:
+        """The samples of ``target`` (the agent on ``node``) about objects that node may report;
+        the others counted and said (see the module docstring).
+
+        Each distinct object is decided once per scrape (the parser shares one ObjectRef per object
+        of a body, so the cache is keyed by identity). Measured (2-core shared machine, CPython 3.11,
+        best of 5, an 8000-sample body of 800 pods x 10 series, all on the node): 0.2 µs per sample,
+        against 1.5 µs to parse it; 1.1 µs when every sample names a new object (8000 pods the
+        inventory does not know, all refused; parsing those costs 3.2 µs)."""
+        scope = NodeScope(node, self.inventory, allow_namespaced=self.allow_namespaced)  # type: ignore[arg-type]
+        verdicts: dict[int, str | None] = {}
+        good: list = []
+        keep = good.append
+        refused: dict[str, int] = {}
+        example = None
+        for s in samples:
+            obj = s[1]
+            key = id(obj)
+            try:
+                reason = verdicts[key]
+            except KeyError:
+                reason = verdicts[key] = scope.object_reason(obj.resource, obj.namespace, obj.name)
+            if reason is None:
+                keep(s)
+            else:
+                refused[reason] = refused.get(reason, 0) + 1
+                if example is None:
+                    example = (reason, obj)
+        if refused:
+            self._refused(target, node, refused, example)
+        return good
+
+    def _refused(self, target: str, node: str, refused: dict[str, int], example: Any) -> None:
+        for reason, count in refused.items():
+            REJECTED.labels(reason).inc(count)
+            self.rejected[reason] = self.rejected.get(reason, 0) + count
+        pending = self._refused_since_log.setdefault(target, {})
+        for reason, count in refused.items():
+            pending[reason] = pending.get(reason, 0) + count
+        now = time.monotonic()
+        if now - self._last_refusal_log.get(target, -REFUSAL_LOG_EVERY) < REFUSAL_LOG_EVERY:
+            return
+        self._last_refusal_log[target] = now
+        del self._refused_since_log[target]
+        reason, obj = example
+        counts = ", ".join(f"{r}={c}" for r, c in sorted(pending.items()))
+        log.warning(
+            "agent %s on node %s: refused samples about objects its node may not report (%s); e.g. %s "
+            "about %s %s/%s",
+            limits.printable(target),
+            limits.printable(node),
+            counts,
+            reason,
+            limits.printable(obj.resource),
+            limits.printable(obj.namespace),
+            limits.printable(obj.name),
+        )
 
     def _failed(self, name: str, url: str, reason: str, message: str) -> bool:
         SCRAPES.labels("failure").inc()
