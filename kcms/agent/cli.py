@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from kcms.agent.buffer import SampleBuffer
 from kcms.agent.server import Agent, ServingTLS, _parse_listen
 from kcms.flags import csv_list, parse_duration, port, positive_int
+from kcms.tokenfile import TokenFile
 
 __all__ = ["add_agent_arguments", "agent_main", "main"]
 
@@ -280,22 +281,14 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _token_source(path: str | None):
-    """Read the push token from ``path`` (default: the service-account token, if present) each push."""
+def _token_source(path: str | None) -> TokenFile | None:
+    """The push token from ``path`` (default: the service-account token, if present), re-read when
+    the file changes (projected tokens rotate in place); a torn rewrite keeps the last good token."""
     if path is None:
         if not os.path.isfile(SERVICE_ACCOUNT_TOKEN):
             return None
         path = SERVICE_ACCOUNT_TOKEN
-
-    def token() -> str | None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read().strip() or None
-        except OSError as e:
-            log.warning("cannot read the push token from %s: %s", path, e)
-            return None
-
-    return token
+    return TokenFile(path)
 
 
 def _push_reporter(args: argparse.Namespace, client, buffer: SampleBuffer):

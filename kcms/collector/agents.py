@@ -72,6 +72,7 @@ from kcms.model import Inventory
 from kcms.nodescope import NodeScope
 from kcms.sources.exposition import DEFAULT_MAX_BYTES, ExpositionError, parse_exposition
 from kcms.tasks import cancel_and_wait
+from kcms.tokenfile import TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -117,28 +118,6 @@ def _file_stamp(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
-
-
-class TokenFile:
-    """A bearer token read from ``path``, read again whenever the file changes (projected
-    ServiceAccount tokens are rotated in place); None while the file is missing or empty."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._stamp: tuple[int, int, int] | None = None
-        self._token: str | None = None
-
-    def __call__(self) -> str | None:
-        stamp = _file_stamp(self.path)
-        if stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                with open(self.path, encoding="utf-8") as f:
-                    self._token = f.read().strip() or None
-            except (OSError, UnicodeDecodeError) as e:
-                log.warning("cannot read the agent token file %s: %s", self.path, e)
-                self._token = None
-        return self._token
 
 
 @dataclass(frozen=True, slots=True)
