@@ -25,14 +25,8 @@ without a node is not a target. Without an ``inventory``, or for an unbound stat
 are stored as they come. The check costs about 0.2 µs per sample, against 1.5 µs to parse it
 (figures in :meth:`AgentCollector._bind`).
 
-How agents are reached is an :class:`AgentAccess`: HTTPS, the agent's certificate verified against
-``ca_file`` for the name ``server_name`` (default ``kcms-agent.kube-system.svc``: one certificate
-for every agent, as the DaemonSet mounts it; ``""`` checks the target's own address instead), and
-the collector's bearer token (``token_source``, called before every scrape: the in-cluster
-ServiceAccount token or ``--agent-token-file``, re-read when it changes) or a client certificate.
-A certificate that does not verify fails the scrape before any request is sent (reason
-``tls_verify``): the token never reaches an impostor. ``insecure_tls`` skips the verification
-(tests); ``insecure_http`` scrapes plain HTTP and sends no token (simulated agents).
+How agents are reached (TLS, the agent's certificate, the collector's token) is an
+:class:`~kcms.collector.agent_access.AgentAccess`.
 
 Every ``interval`` seconds every target is scraped concurrently (at most ``max_in_flight`` at once),
 each under its own ``timeout`` (default 90% of the interval), so a slow agent costs the others
@@ -55,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -66,13 +59,19 @@ import aiohttp
 from prometheus_client import Counter, Gauge, Histogram
 
 from kcms import limits
+from kcms.collector.agent_access import (
+    DEFAULT_AGENT_SERVER_NAME,
+    AgentAccess,
+    TokenFile,
+    agent_access,
+    file_stamp,
+)
 from kcms.kube.client import KubeClient
 from kcms.kube.informer import Informer
 from kcms.model import Inventory
 from kcms.nodescope import NodeScope
 from kcms.sources.exposition import DEFAULT_MAX_BYTES, ExpositionError, parse_exposition
 from kcms.tasks import cancel_and_wait
-from kcms.tokenfile import TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -108,57 +107,7 @@ SCRAPE_DURATION = Histogram(
 TARGETS = Gauge("kcms_collector_agent_targets", "Agent endpoints scraped in the last cycle.")
 
 DEFAULT_MAX_BODY = DEFAULT_MAX_BYTES
-DEFAULT_AGENT_SERVER_NAME = "kcms-agent.kube-system.svc"
 REFUSAL_LOG_EVERY = 60.0  # seconds between two warnings about one target's refused samples
-
-
-def _file_stamp(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
-
-
-@dataclass(frozen=True, slots=True)
-class AgentAccess:
-    """How the collector reaches agents (see the module docstring)."""
-
-    insecure_http: bool = False
-    ca_file: str | None = None  # None: the system trust store
-    server_name: str = DEFAULT_AGENT_SERVER_NAME  # "": the target's address must be in the certificate
-    insecure_tls: bool = False
-    token_source: Callable[[], str | None] | None = None
-    client_cert_file: str | None = None
-    client_key_file: str | None = None
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """The client TLS context; raises OSError or ssl.SSLError for unreadable files."""
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        if self.insecure_tls:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if self.client_cert_file:
-            ctx.load_cert_chain(self.client_cert_file, self.client_key_file or None)
-        return ctx
-
-
-def agent_access(args: Any, kube: KubeClient | None) -> AgentAccess:
-    """The :class:`AgentAccess` of the ``--agent-*`` flags in ``args`` (see kcms.cli); the token
-    defaults to ``kube``'s credential (in a cluster, the ServiceAccount token, re-read as it rotates)."""
-    if getattr(args, "agent_insecure_http", False):
-        return AgentAccess(insecure_http=True)
-    token_file = getattr(args, "agent_token_file", "")
-    token_source = TokenFile(token_file) if token_file else (kube.bearer_token if kube is not None else None)
-    return AgentAccess(
-        ca_file=getattr(args, "agent_ca_file", "") or None,
-        server_name=getattr(args, "agent_tls_server_name", DEFAULT_AGENT_SERVER_NAME),
-        insecure_tls=getattr(args, "agent_insecure_tls", False),
-        token_source=token_source,
-        client_cert_file=getattr(args, "agent_client_certificate", "") or None,
-        client_key_file=getattr(args, "agent_client_key", "") or None,
-    )
 
 
 AGENT_TIME_HEADER = "X-KCMS-Agent-Time"  # the agent's clock when it made the body, ms
@@ -367,7 +316,7 @@ class AgentCollector:
         if access.insecure_http:
             return {}
         files = [f for f in (access.ca_file, access.client_cert_file, access.client_key_file) if f]
-        stamp = tuple(_file_stamp(f) for f in files)
+        stamp = tuple(file_stamp(f) for f in files)
         if self._ssl is None or stamp != self._ssl_stamp:  # first scrape, or a rotated CA or cert
             try:
                 self._ssl = access.ssl_context()
