@@ -32,6 +32,7 @@ __all__ = [
     "MAX_LABEL_NAME_LENGTH",
     "MAX_LABEL_VALUE_LENGTH",
     "MAX_METRIC_NAME_LENGTH",
+    "REASONS",
     "METRIC_NAME_TOO_LONG",
     "TOO_MANY_LABELS",
     "DNS_LABEL_RE",
@@ -66,6 +67,9 @@ METRIC_NAME_TOO_LONG = "metric_name_too_long"
 TOO_MANY_LABELS = "too_many_labels"
 LABEL_NAME_TOO_LONG = "label_name_too_long"
 LABEL_VALUE_TOO_LONG = "label_value_too_long"
+
+# Every reason above, for the refusal counters that pre-create their label values.
+REASONS = (FUTURE_TIMESTAMP, METRIC_NAME_TOO_LONG, TOO_MANY_LABELS, LABEL_NAME_TOO_LONG, LABEL_VALUE_TOO_LONG)
 
 _max_future_skew = DEFAULT_MAX_FUTURE_SKEW
 

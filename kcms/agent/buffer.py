@@ -56,11 +56,7 @@ REASONS = (
     "invalid_value",
     "pod_limit",
     "node_limit",
-    limits.FUTURE_TIMESTAMP,
-    limits.METRIC_NAME_TOO_LONG,
-    limits.TOO_MANY_LABELS,
-    limits.LABEL_NAME_TOO_LONG,
-    limits.LABEL_VALUE_TOO_LONG,
+    *limits.REASONS,
 )
 LOG_EVERY = 30.0
 

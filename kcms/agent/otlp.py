@@ -138,11 +138,7 @@ REASONS = (
     *BIND_REASONS,
     *"unbound invalid_object invalid_metric_name no_value non_finite_value delta_out_of_order delta_limit "
     "unspecified_temporality invalid_histogram unsupported_type buffer_refused".split(),
-    limits.FUTURE_TIMESTAMP,
-    limits.METRIC_NAME_TOO_LONG,
-    limits.TOO_MANY_LABELS,
-    limits.LABEL_NAME_TOO_LONG,
-    limits.LABEL_VALUE_TOO_LONG,
+    *limits.REASONS,
 )
 LOG_EVERY = 30.0
 POINTS = Counter("kcms_agent_otlp_points", "OTLP data points received, by result.", ["result"])

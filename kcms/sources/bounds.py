@@ -145,14 +145,7 @@ def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int
 
 MIN_SAMPLE_TIMESTAMP = MIN_SERVED_TIMESTAMP
 BAD_TIMESTAMP = "bad_timestamp"
-SAMPLE_REASONS = (
-    limits.FUTURE_TIMESTAMP,
-    BAD_TIMESTAMP,
-    limits.METRIC_NAME_TOO_LONG,
-    limits.TOO_MANY_LABELS,
-    limits.LABEL_NAME_TOO_LONG,
-    limits.LABEL_VALUE_TOO_LONG,
-)
+SAMPLE_REASONS = (*limits.REASONS, BAD_TIMESTAMP)
 
 Row = tuple[int, int, int, int, int, float, float]
 
