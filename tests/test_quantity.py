@@ -199,3 +199,39 @@ def test_float_formats_to_nearest_nano_multiple_at_or_beyond(value: float) -> No
     exact = Decimal(repr(value))
     assert abs(back) >= abs(exact) and abs(back - exact) <= Decimal("1e-9")
     assert format_decimal(back) == text  # formatting is idempotent
+
+
+# ---- custom metric values: rounded to six significant digits, whole numbers exact -----------------
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (26.299999997, "26300m"),  # a rate with timestamp noise: was "26299999997n"
+        (0.1 + 0.2, "300m"),
+        (-26.299999997, "-26300m"),
+        (1234567.0, "1234567"),  # whole numbers stay exact
+        (2.0**53, "9007199254740992"),
+        (0.000123456789, "123457n"),  # small values keep their digits
+        (5e-10, "1n"),  # below a nano: apimachinery rounds up, never to zero
+        (3.3333333333, "3333330u"),
+    ],
+)
+def test_custom_metric_values_are_served_rounded(value: float, text: str) -> None:
+    from kcms.apis.custom.convert import quantity
+
+    assert quantity(value) == text
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15))
+def test_custom_metric_values_keep_six_significant_digits(value: float) -> None:
+    from kcms.apis.custom.convert import quantity
+
+    served = parse_quantity(quantity(value))
+    if value.is_integer():
+        assert served == Decimal(int(value))
+    elif abs(value) >= 1e-3:
+        assert abs(served - Decimal(repr(value))) <= Decimal(repr(abs(value))) * Decimal("5e-6")
+    else:  # tiny values: never served as zero, never off by more than a nano plus the rounding
+        assert served != 0
+        assert abs(served - Decimal(repr(value))) <= Decimal(repr(abs(value))) * Decimal("5e-6") + Decimal("1e-9")

@@ -17,10 +17,24 @@ VERSIONS = ("v1beta2", "v1beta1")  # preferred first
 _EXPRESSION_OPS = {"!=": "NotIn", "in": "In", "notin": "NotIn", "exists": "Exists", "!": "DoesNotExist"}
 
 
+SIGNIFICANT_DIGITS = 6
+
+
+def rounded(value: float) -> float:
+    """``value`` as served: a whole number exactly, anything else to :data:`SIGNIFICANT_DIGITS`
+    significant digits. Rates and averages carry float and timestamp noise (26.3 req/s computed as
+    26.299999997) that would otherwise be served as ``"26299999997n"``; six digits keep a relative
+    precision of 5e-6, finer than any autoscaler's tolerance (the HPA's is 10%), and, unlike a fixed
+    milli or nano step, small values keep their digits (0.000123456789 -> ``"123457n"``)."""
+    if value.is_integer():
+        return value
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
 def quantity(value: float) -> str:
-    """A metric value as a canonical quantity, rounded to the nano (the finest a Quantity keeps) so
-    that float noise (0.1 + 0.2) does not show as an extra nano."""
-    return format_decimal(round(value, 9))
+    """A metric value as a canonical quantity of its :func:`rounded` value (below a nano, apimachinery's
+    rounding up to ``"1n"`` applies)."""
+    return format_decimal(rounded(value))
 
 
 def window_seconds(window: float | None) -> int | None:
