@@ -153,6 +153,7 @@ def build_pipeline(
     )
     push.install(server)  # authorized per target by the handler, with the server's authorizer
     server.add_check("metric-collection-timely", collector.healthy, livez=True, readyz=False)
+    server.add_check("nodes-scraped", collector.missing_check, livez=False, readyz=True, report=True)
     server.add_check(
         "metric-storage-ready",
         lambda: (True, "ok") if store.ready() else (False, "no metrics scraped yet"),

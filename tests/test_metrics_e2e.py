@@ -163,6 +163,47 @@ async def test_failing_nodes_are_skipped_counted_and_age_out(env: Env):
     assert "kcms_apiserver_request_duration_seconds_bucket" in text
 
 
+async def test_a_node_down_is_retried_every_cycle_listed_as_missing_and_comes_back(env: Env):
+    """A node that stops answering is scraped again every cycle; once it has been silent for more
+    than a resolution (plus the timeout) it is named in /readyz?verbose and counted in
+    kcms_kubelet_nodes_missing, while the server stays ready; when it answers again it is served."""
+    await wait_ready(env)
+    names = env.sim.node_names()
+    collector = env.pipeline.collector
+    collector.resolution, collector.timeout = 0.5, 0.5  # a short horizon: 1 s of silence is "missing"
+
+    async def readyz() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(env.url + "/readyz?verbose", ssl=env.ssl) as r:
+            return r.status, await r.text()
+
+    async def missing_gauge() -> float:
+        async with aiohttp.ClientSession() as s:
+            headers = {"Authorization": f"Bearer {READER}"}
+            async with s.get(env.url + "/metrics", headers=headers, ssl=env.ssl) as r:
+                text = await r.text()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("kcms_kubelet_nodes_missing ")]
+        return float(line.split()[1])
+
+    assert await collector.run_cycle() == 0
+    status, text = await readyz()
+    assert status == 200 and "[+]nodes-scraped ok\n" in text
+    env.sim.set_node_mode(names[0], "down")
+    assert await collector.run_cycle() == 1
+    await asyncio.sleep(1.1)
+    assert await collector.run_cycle() == 1  # scraped again, still down
+    status, text = await readyz()
+    assert status == 200, text  # a node down is not the server's failure (metrics-server stays ready)
+    assert f"[+]nodes-scraped ok: 1 of {len(names)} nodes not scraped for over a resolution: {names[0]}" in text
+    assert await missing_gauge() == 1.0
+    env.sim.set_node_mode(names[0], "ok")
+    assert await collector.run_cycle() == 0
+    assert await collector.run_cycle() == 0  # two readings: a rate again
+    status, text = await readyz()
+    assert "[+]nodes-scraped ok\n" in text and await missing_gauge() == 0.0
+    status, body = await env.get(f"{BASE}/nodes/{names[0]}")
+    assert status == 200 and body["metadata"]["name"] == names[0]
+
+
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
 async def test_kubectl_get_raw(env: Env):
     await wait_ready(env)

@@ -22,6 +22,7 @@ class Check:
     livez: bool = True
     readyz: bool = True
     healthz: bool = True
+    report: bool = False  # a passing check's detail is shown in ?verbose (else only a failure's)
 
 
 class Health:
@@ -31,10 +32,12 @@ class Health:
         self.checks: list[Check] = [Check("ping", lambda: (True, ""))]
         self.shutting_down = False
 
-    def add(self, name: str, fn: CheckFn, *, livez: bool = True, readyz: bool = True) -> None:
-        """Add (or replace) a named check."""
+    def add(
+        self, name: str, fn: CheckFn, *, livez: bool = True, readyz: bool = True, report: bool = False
+    ) -> None:
+        """Add (or replace) a named check; ``report``: show its detail in ``?verbose`` while it passes."""
         self.checks = [c for c in self.checks if c.name != name]
-        self.checks.append(Check(name, fn, livez=livez, readyz=readyz, healthz=livez or readyz))
+        self.checks.append(Check(name, fn, livez=livez, readyz=readyz, healthz=livez or readyz, report=report))
 
     def _selected(self, endpoint: str) -> list[Check]:
         out = [c for c in self.checks if getattr(c, endpoint)]
@@ -74,8 +77,9 @@ class Health:
                 lines.append(f"[+]{c.name} excluded: ok")
                 continue
             ok, detail = self._run(c)
-            if ok:
-                lines.append(f"[+]{c.name} ok")
+            if ok:  # kube's "[+]name ok"; a check that reports while passing adds its note
+                shown = c.report and detail not in ("", "ok")
+                lines.append(f"[+]{c.name} ok: {detail}" if shown else f"[+]{c.name} ok")
             else:
                 lines.append(f"[-]{c.name} failed: {detail or 'reason withheld'}")
                 failed.append(c.name)

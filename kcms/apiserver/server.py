@@ -144,9 +144,12 @@ class AggregatedAPIServer:
             self.app.router.add_route(method, gv.prefix + suffix, handler)
         self._generation += 1
 
-    def add_check(self, name: str, fn: CheckFn, *, livez: bool = True, readyz: bool = True) -> None:
-        """Add a named health check; ``fn()`` returns ``(ok, detail)``."""
-        self.health.add(name, fn, livez=livez, readyz=readyz)
+    def add_check(
+        self, name: str, fn: CheckFn, *, livez: bool = True, readyz: bool = True, report: bool = False
+    ) -> None:
+        """Add a named health check; ``fn()`` returns ``(ok, detail)``; ``report``: the detail is shown
+        in ``?verbose`` while the check passes too."""
+        self.health.add(name, fn, livez=livez, readyz=readyz, report=report)
 
     def set_shutting_down(self) -> None:
         """Make ``/readyz`` fail from now on (graceful shutdown)."""

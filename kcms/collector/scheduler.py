@@ -31,6 +31,11 @@ SCRAPE_FAILURES = Counter(
 SCRAPES = Counter("kcms_kubelet_scrapes_total", "Node scrapes, by result.", ["result"])
 REJECTED = Counter("kcms_kubelet_rejected_samples_total", "Kubelet samples dropped, by reason.", ["reason"])
 LAST_CYCLE = Gauge("kcms_scrape_last_cycle_timestamp_seconds", "When the last scrape cycle started.")
+MISSING = Gauge(
+    "kcms_kubelet_nodes_missing",
+    "Nodes of the inventory with no successful scrape for more than a resolution (plus the scrape "
+    "timeout); each is scraped again every cycle.",
+)
 
 # After the first cycle, the next one comes this soon, so that every node has two readings
 # (and so a rate) within seconds of start rather than after two whole resolutions.
@@ -66,6 +71,9 @@ class Collector:
         self.cycles = 0
         self.last_cycle_seconds = 0.0
         self.last_cycle_failures = 0
+        # node -> monotonic time of its last successful scrape, or of the cycle that first saw it
+        # (a node that never answered counts as missing one resolution after it appeared)
+        self._last_success: dict[str, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -88,6 +96,21 @@ class Collector:
         if age > limit:
             return False, f"last scrape cycle started {age:.1f}s ago (limit {limit:.1f}s)"
         return True, "ok"
+
+    def missing_nodes(self, now: float | None = None) -> list[str]:
+        """Nodes (sorted) without a successful scrape for more than a resolution plus the timeout."""
+        horizon = (time.monotonic() if now is None else now) - self.resolution - self.timeout
+        return sorted(n for n, t in self._last_success.items() if t < horizon)
+
+    def missing_check(self) -> tuple[bool, str]:
+        """For ``/readyz?verbose``: always passing (a node down is not this server's failure, as in
+        metrics-server), its detail names the missing nodes."""
+        missing = self.missing_nodes()
+        MISSING.set(len(missing))
+        if not missing:
+            return True, "ok"
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        return True, f"{len(missing)} of {len(self._last_success)} nodes not scraped for over a resolution: {shown}"
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -114,6 +137,8 @@ class Collector:
         LAST_CYCLE.set(time.time())
         self.client.start_cycle()
         nodes = [n for n in self.inventory.nodes() if self.node_filter is None or self.node_filter(n)]
+        seen = self._last_success
+        self._last_success = {n.name: seen.get(n.name, t0) for n in nodes}  # nodes gone are forgotten
         results = await asyncio.gather(*(self._scrape_one(n) for n in nodes))
         failures = results.count(False)
         elapsed = time.monotonic() - t0
@@ -121,6 +146,7 @@ class Collector:
         self.cycles += 1
         self.last_cycle_seconds = elapsed
         self.last_cycle_failures = failures
+        MISSING.set(len(self.missing_nodes()))
         if self.on_cycle is not None:
             self.on_cycle()
         log.debug("scrape cycle: %d nodes, %d failed, %.3fs", len(nodes), failures, elapsed)
@@ -138,6 +164,8 @@ class Collector:
                 return self._failed(node.name, "timeout", f"no answer within {self.timeout:.1f}s")
             SCRAPE_DURATION.observe(time.monotonic() - t0)
         SCRAPES.labels("success").inc()
+        if node.name in self._last_success:
+            self._last_success[node.name] = time.monotonic()
         for reason, count in batch.rejected.items():
             REJECTED.labels(reason).inc(count)
         if batch.rejected:
