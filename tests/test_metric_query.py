@@ -17,6 +17,7 @@ from kcms.store.query import (
     format_window,
     parse_metric_name,
     percentile,
+    readings,
     validate_metric_name,
 )
 
@@ -45,8 +46,45 @@ def test_aggregation_forms():
 def test_last_agg_separator_wins():
     # the base name may itself contain _agg_ or end in _per_second
     assert parse_metric_name("x_agg_avg_agg_p50_1m") == MetricQuery("x_agg_avg", "agg", "p50", 60.0)
-    assert parse_metric_name("x_per_second_agg_max") == MetricQuery("x_per_second", "agg", "max", None)
+    assert parse_metric_name("x_per_second_agg_max_agg_p50") == MetricQuery(
+        "x_per_second_agg_max", "agg", "p50", None
+    )
     assert parse_metric_name("x__agg_avg") == MetricQuery("x_", "agg", "avg", None)
+    # a name that is only the rate suffix is a series name, not a rate of "_total"
+    assert parse_metric_name("_per_second_agg_avg") == MetricQuery("_per_second", "agg", "avg", None)
+
+
+def test_rates_compose_with_aggregations():
+    assert parse_metric_name("http_requests_per_second_agg_p99_5m") == MetricQuery(
+        "http_requests_total", "rate_agg", "p99", 300.0
+    )
+    assert parse_metric_name("x_per_second_agg_max") == MetricQuery("x_total", "rate_agg", "max", None)
+    assert parse_metric_name("a_per_second_per_second_agg_avg_1h") == MetricQuery(
+        "a_per_second_total", "rate_agg", "avg", 3600.0
+    )
+    for fn in AGG_FUNCTIONS:
+        q = MetricQuery("jobs_total", "rate_agg", fn, 30.0)
+        assert parse_metric_name(f"jobs_per_second_agg_{fn}_30s") == q
+        assert format_metric_name(q) == f"jobs_per_second_agg_{fn}_30s"
+    assert format_metric_name(MetricQuery("jobs_total", "rate_agg", "p99", None)) == "jobs_per_second_agg_p99"
+    with pytest.raises(ValueError, match="longer than the retention"):
+        parse_metric_name("x_per_second_agg_p99_11m", max_window=600.0)
+    with pytest.raises(ValueError, match="unknown aggregation function 'p42'"):
+        parse_metric_name("x_per_second_agg_p42_5m")
+
+
+def test_readings_try_the_literal_series_first():
+    assert readings("x_per_second_agg_p99_5m") == [
+        MetricQuery("x_per_second_agg_p99_5m", "latest"),
+        MetricQuery("x_per_second", "agg", "p99", 300.0),  # a gauge pushed as x_per_second
+        MetricQuery("x_total", "rate_agg", "p99", 300.0),
+    ]
+    assert readings("x_per_second") == [MetricQuery("x_per_second", "latest"), MetricQuery("x_total", "rate")]
+    assert readings("x_agg_avg") == [MetricQuery("x_agg_avg", "latest"), MetricQuery("x", "agg", "avg", None)]
+    assert readings("plain") == [MetricQuery("plain", "latest")]
+    # outside the grammar (or beyond the retention): only the literal series can answer
+    assert readings("x_agg_nope") == [MetricQuery("x_agg_nope", "latest")]
+    assert readings("x_per_second_agg_avg_1h", 600.0) == [MetricQuery("x_per_second_agg_avg_1h", "latest")]
 
 
 def test_window_limit():
@@ -101,6 +139,12 @@ def test_format_window_picks_largest_unit():
 def test_format_rejects_what_cannot_be_spelled():
     with pytest.raises(ValueError, match="_total"):
         format_metric_name(MetricQuery("requests", "rate"))
+    with pytest.raises(ValueError, match="_total"):
+        format_metric_name(MetricQuery("requests", "rate_agg", "p99", 300.0))
+    with pytest.raises(ValueError, match="_total"):
+        format_metric_name(MetricQuery("_total", "rate_agg", "p99", 300.0))
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        format_metric_name(MetricQuery("x_total", "rate_agg", "median", None))
     with pytest.raises(ValueError, match="unknown aggregation"):
         format_metric_name(MetricQuery("x", "agg", "median", None))
 
@@ -113,15 +157,26 @@ names = st.builds(lambda a, b: a + b, _first, _rest)
 windows = st.builds(lambda n, unit: float(n * unit), st.integers(1, 10_000), st.sampled_from([1, 60, 3600]))
 
 
+# names ending in _per_second often enough for the composed form to be drawn
+rate_names = st.builds(lambda n: n + "_per_second", names)
+
+
 @st.composite
 def queries(draw) -> MetricQuery:
-    kind = draw(st.sampled_from(["latest", "rate", "agg"]))
+    kind = draw(st.sampled_from(["latest", "rate", "agg", "rate_agg"]))
     if kind == "latest":
         name = draw(names.filter(lambda n: "_agg_" not in n and not n.endswith("_per_second")))
         return MetricQuery(name, "latest")
     if kind == "rate":
         return MetricQuery(draw(names.filter(lambda n: "_agg_" not in n)) + "_total", "rate")
-    return MetricQuery(draw(names), "agg", draw(st.sampled_from(AGG_FUNCTIONS)), draw(st.none() | windows))
+    fn = draw(st.sampled_from(AGG_FUNCTIONS))
+    window = draw(st.none() | windows)
+    if kind == "rate_agg":
+        return MetricQuery(draw(names) + "_total", "rate_agg", fn, window)
+    # an aggregated series named <base>_per_second is spelled like the aggregation of a rate (the
+    # store tells them apart by what it holds: readings()); every other series name round-trips
+    series = draw(names.filter(lambda n: not n.endswith("_per_second") or n == "_per_second"))
+    return MetricQuery(series, "agg", fn, window)
 
 
 @given(queries())
@@ -129,9 +184,22 @@ def test_format_then_parse_round_trips(q):
     text = format_metric_name(q)
     assert parse_metric_name(text) == q
     assert format_metric_name(parse_metric_name(text)) == text
+    assert readings(text)[0] == MetricQuery(text, "latest") and readings(text)[-1] == q
 
 
-@given(names)
+@given(rate_names, st.sampled_from(AGG_FUNCTIONS), st.none() | windows)
+def test_an_aggregated_per_second_series_is_the_second_reading(series, fn, window):
+    text = format_metric_name(MetricQuery(series, "agg", fn, window))
+    counter = series[: -len("_per_second")] + "_total"
+    assert parse_metric_name(text) == MetricQuery(counter, "rate_agg", fn, window)
+    assert readings(text) == [
+        MetricQuery(text, "latest"),
+        MetricQuery(series, "agg", fn, window),
+        MetricQuery(counter, "rate_agg", fn, window),
+    ]
+
+
+@given(names | st.builds(lambda a, b, c: a + b + c, rate_names, st.just("_agg_"), _rest))
 def test_parse_then_format_round_trips_valid_names(name):
     try:
         q = parse_metric_name(name)
@@ -149,7 +217,8 @@ def test_parse_never_fails_other_than_value_error(text):
     except ValueError as e:
         assert str(e)
     else:
-        assert q.series and q.kind in ("latest", "rate", "agg")
+        assert q.series and q.kind in ("latest", "rate", "agg", "rate_agg")
+        assert readings(text)[-1] == q
 
 
 # ------------------------------------------------------------------ aggregation math

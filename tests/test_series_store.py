@@ -324,6 +324,149 @@ def test_rates_across_resets_are_never_negative(steps):
         prev = (t, v)
 
 
+# ------------------------------------------------------------------ aggregations of rates
+
+
+def test_rate_aggregations_by_hand():
+    """A counter read every 10 s growing 10/s for a minute, then 30/s for a minute."""
+    s = SeriesStore(retention=600, stale_after=300, default_window=60)
+    a = pod("a")
+    v = 0.0
+    for i in range(13):  # t = 0..120
+        if i:
+            v += 100.0 if i <= 6 else 300.0
+        s.append("req_total", a, (("code", "200"),), T0 + 10 * i, v)
+    assert v == 2400.0
+    now = T0 + 120
+
+    def one(metric: str) -> tuple[float, float | None]:
+        [r] = s.query("pods", "default", ["a"], metric, now=now)
+        assert r.obj == a and r.labels == (("code", "200"),) and r.timestamp == now
+        return r.value, r.window
+
+    # 2m: all 13 points, the 12 rates 10 x6 and 30 x6
+    assert one("req_per_second_agg_avg_2m") == (20.0, 120.0)
+    assert one("req_per_second_agg_min_2m") == (10.0, 120.0)
+    assert one("req_per_second_agg_max_2m") == (30.0, 120.0)
+    assert one("req_per_second_agg_p50_2m") == (10.0, 120.0)  # rank ceil(0.5 * 12) = 6 of 12
+    assert one("req_per_second_agg_p90_2m") == (30.0, 120.0)
+    assert one("req_per_second_agg_latest_2m") == (30.0, 10.0)  # the last rate: last two points
+    # 90s: the points at 30..120 s, the 9 rates 10 x3 and 30 x6
+    assert one("req_per_second_agg_avg_90s") == (pytest.approx(210.0 / 9), 90.0)
+    assert one("req_per_second_agg_p50_90s") == (30.0, 90.0)  # rank 5 of 9
+    assert one("req_per_second_agg_p99_90s") == (30.0, 90.0)
+    assert one("req_per_second_agg_min_90s") == (10.0, 90.0)
+    # 1m and the default window (60 s): only the faster minute
+    assert one("req_per_second_agg_p50_1m") == (30.0, 60.0)
+    assert one("req_per_second_agg_p50") == (30.0, 60.0)
+    assert one("req_per_second_agg_min") == (30.0, 60.0)
+    # a 5m window holds all there is; its span is what the points cover, not the request
+    assert one("req_per_second_agg_p99_5m") == (30.0, 120.0)
+    # the same through a wildcard query and a label selector
+    got = s.query(
+        "pods", "default", None, "req_per_second_agg_max_5m", parse_label_selector("code=200"), now=now
+    )
+    assert got == [Result(a, (("code", "200"),), 30.0, now, 120.0)]
+    assert (
+        s.query(
+            "pods", "default", None, "req_per_second_agg_max_5m", parse_label_selector("code=500"), now=now
+        )
+        == []
+    )
+    # nothing for another namespace or resource, a missing counter, or a window beyond retention
+    assert s.query("pods", "other", None, "req_per_second_agg_max_5m", now=now) == []
+    assert s.query("nodes", "", None, "req_per_second_agg_max_5m", now=now) == []
+    assert s.query("pods", "default", None, "nope_per_second_agg_max_5m", now=now) == []
+    assert s.query("pods", "default", None, "req_per_second_agg_max_11m", now=now) == []
+    # stale like every other form
+    assert s.query("pods", "default", None, "req_per_second_agg_max_5m", now=now + 301) == []
+
+
+def test_rate_aggregations_handle_resets():
+    s = SeriesStore()
+    a = pod("a")
+    for t, v in ((0, 0.0), (10, 50.0), (20, 100.0), (30, 20.0), (40, 70.0), (50, 0.0)):
+        s.append("jobs_total", a, (), T0 + t, v)
+    # rates 5, 5, 2 (restarted: 20 counted since), 5, 0 (restarted at zero): never negative
+    now = T0 + 50
+    assert s.query("pods", "default", None, "jobs_per_second_agg_min_1m", now=now) == [
+        Result(a, (), 0.0, now, 50.0)
+    ]
+    assert s.query("pods", "default", None, "jobs_per_second_agg_avg_1m", now=now)[0].value == 17.0 / 5
+    assert s.query("pods", "default", None, "jobs_per_second_agg_p50_1m", now=now)[0].value == 5.0
+    assert s.query("pods", "default", None, "jobs_per_second_agg_min_20s", now=now)[0].value == 0.0
+    assert s.query("pods", "default", None, "jobs_per_second_agg_max_20s", now=now)[0].value == 5.0
+
+
+def test_rate_aggregations_need_two_points_in_the_window():
+    s = SeriesStore()
+    a, b = pod("a"), pod("b")
+    s.append("jobs_total", a, (), T0, 10.0)
+    for fn in AGG_FUNCTIONS:  # one point: no rate, for every function
+        assert s.query("pods", "default", None, f"jobs_per_second_agg_{fn}_5m", now=T0) == []
+    s.append("jobs_total", a, (), T0 + 100, 30.0)
+    s.append("jobs_total", b, (), T0 + 90, 0.0)
+    s.append("jobs_total", b, (), T0 + 100, 40.0)
+    now = T0 + 100
+    for fn in AGG_FUNCTIONS:
+        # a's two points are 100 s apart: a 30 s window holds one of them, so only b answers
+        assert s.query("pods", "default", None, f"jobs_per_second_agg_{fn}_30s", now=now) == [
+            Result(b, (), 4.0, now, 10.0)
+        ]
+        assert s.query("pods", "default", None, f"jobs_per_second_agg_{fn}_2m", now=now) == [
+            Result(a, (), 0.2, now, 100.0),
+            Result(b, (), 4.0, now, 10.0),
+        ]
+
+
+def test_a_literal_per_second_series_is_aggregated_as_itself_in_its_scope_only():
+    s = SeriesStore()
+    for ns in ("a", "b"):
+        s.append("jobs_total", pod("p", ns), (), T0, 0.0)
+        s.append("jobs_total", pod("p", ns), (), T0 + 10, 50.0)
+    s.append("jobs_per_second", pod("p", "a"), (), T0, 42.0)  # a gauge pushed under the rate's name
+    s.append("jobs_per_second", pod("p", "a"), (), T0 + 10, 44.0)
+    now = T0 + 10
+    assert s.query("pods", "a", None, "jobs_per_second_agg_avg_1m", now=now) == [
+        Result(pod("p", "a"), (), 43.0, now, 10.0)
+    ]
+    # namespace b holds no such gauge: its name keeps the derived meaning, the rate of jobs_total
+    assert s.query("pods", "b", None, "jobs_per_second_agg_avg_1m", now=now) == [
+        Result(pod("p", "b"), (), 5.0, now, 10.0)
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 40), st.floats(0, 1e6), st.booleans()), min_size=1, max_size=60),
+    fn=st.sampled_from(AGG_FUNCTIONS),
+    window=st.sampled_from([None, 1, 15, 30, 60, 120, 300]),
+    max_points=st.integers(2, 70),
+)
+def test_rate_aggregations_match_direct_computation(steps, fn, window, max_points):
+    s = SeriesStore(retention=600, stale_after=300, max_points=max_points, default_window=45)
+    points = []
+    t, v = T0, 0.0
+    for gap, inc, reset in steps:
+        t += gap
+        v = inc if reset else v + inc
+        points.append((t, v))
+        s.append("c_total", pod("a"), (), t, v)
+    name = f"c_per_second_agg_{fn}" + ("" if window is None else f"_{window}s")
+    results = s.query("pods", "default", None, name, now=t)
+    w = 45 if window is None else window
+    inside = [(pt, pv) for pt, pv in points[-max_points:] if pt >= t - w]
+    if len(inside) < 2:
+        assert results == []
+        return
+    rates = [counter_rate(t0, v0, t1, v1) for (t0, v0), (t1, v1) in zip(inside, inside[1:], strict=False)]
+    [r] = results
+    assert r.timestamp == t and r.value >= 0.0
+    assert r.value == pytest.approx(direct(fn, rates), rel=1e-12, abs=1e-9)
+    assert r.window == (t - inside[-2][0] if fn == "latest" else t - inside[0][0])
+    assert 0 < r.window <= w
+
+
 def direct(fn: str, values: list[float]) -> float:
     if fn == "avg":
         return math.fsum(values) / len(values)
@@ -496,7 +639,13 @@ def test_append_block_refuses_rows_that_point_outside_the_tables():
         min_size=2,
         max_size=6,
     ),
-    st.sampled_from(["x_per_second", *(f"x_total_agg_{fn}" for fn in AGG_FUNCTIONS)]),
+    st.sampled_from(
+        [
+            "x_per_second",
+            *(f"x_total_agg_{fn}" for fn in AGG_FUNCTIONS),
+            *(f"x_per_second_agg_{fn}" for fn in AGG_FUNCTIONS),
+        ]
+    ),
 )
 def test_extreme_finite_points_never_yield_an_error_or_a_non_finite_value(values, metric):
     """Finite points near the float limit (any writer may store them) must not make a derived read

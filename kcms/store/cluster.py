@@ -38,7 +38,7 @@ from prometheus_client import Counter
 from kcms.model import Labels, NodeBatch, ObjectRef
 from kcms.store import wire
 from kcms.store.client import StoreClient, StoreError, client_ssl_context, session_limits
-from kcms.store.query import parse_metric_name
+from kcms.store.query import readings
 from kcms.store.ring import Key, Ring, node_key
 from kcms.tasks import cancel_and_wait
 
@@ -453,12 +453,11 @@ class StoreCluster:
     # ---- read repair ---------------------------------------------------------------------------
 
     def _schedule_series_repair(self, resource, namespace, metric, answers, best, seen) -> None:
-        try:
-            series_name = parse_metric_name(metric, 1e9).series
-        except ValueError:
-            return
+        # every series the name may have read (the literal one, or the counter behind a rate):
+        # copying one more series of the same objects is cheaper than missing the one that answered
+        series_names = list(dict.fromkeys(q.series for q in readings(metric, 1e9)))
         found = (((resource, namespace, k[0]), source, seen[k]) for k, (_, source) in best.items())
-        self._start_repairs(self._behind(found, list(answers)), [series_name], series=True)
+        self._start_repairs(self._behind(found, list(answers)), series_names, series=True)
 
     def _schedule_node_repair(self, sources: dict[str, str], asked: Iterable[str], seen) -> None:
         found = ((node_key(node), source, seen[node]) for node, source in sources.items())

@@ -2,19 +2,32 @@
 
 A requested metric name is one of::
 
-    <name>                       the latest value of the series <name> (gauge semantics)
-    <base>_per_second            the per-second rate of the counter series <base>_total,
-                                 from its last two points (counter resets handled, never negative)
-    <name>_agg_<fn>              fn over the store's default window of the series <name>
-    <name>_agg_<fn>_<window>     fn over <window> = <positive int>(s|m|h), e.g. p99_5m, avg_30s
+    <name>                                  the latest value of the series <name> (gauge semantics)
+    <base>_per_second                       the per-second rate of the counter series <base>_total,
+                                            from its last two points (counter resets handled, never
+                                            negative)
+    <name>_agg_<fn>                         fn over the store's default window of the series <name>
+    <name>_agg_<fn>_<window>                fn over <window> = <positive int>(s|m|h), e.g. p99_5m, avg_30s
+    <base>_per_second_agg_<fn>              fn over the per-second rates of the counter <base>_total
+    <base>_per_second_agg_<fn>_<window>     in the window: n points of the counter in the window give
+                                            the n - 1 rates between consecutive ones (each as in
+                                            <base>_per_second); e.g. http_requests_per_second_agg_p99_5m
 
-with ``fn`` one of :data:`AGG_FUNCTIONS`. The store resolves a requested name by trying the literal
-series name first, then these forms, so a series that happens to be called ``x_per_second`` is still
-served as itself — in the resource and namespace where it exists; elsewhere the name keeps its
-derived meaning (a tenant's literal series never hides another namespace's rate). :func:`parse_metric_name` is the grammar alone (it knows nothing of what is stored);
-:func:`format_metric_name` is its inverse.
+with ``fn`` one of :data:`AGG_FUNCTIONS`. A window is ``[newest - window, newest]`` of the series
+(both ends included) and a value's reported window is the span its points actually cover, newest
+minus oldest point used (for a rate aggregation: from the oldest counter point in the window to the
+newest; ``latest`` of rates covers the last two points); a window with fewer than 2 counter points
+has no rate and gives no value.
 
-Percentiles use the nearest-rank method over the points inside the window: the value at rank
+The store resolves a requested name by trying the literal series name first, then these forms, so a
+series that happens to be called ``x_per_second`` is still served as itself, and
+``x_per_second_agg_<fn>`` aggregates that series' values rather than rates of ``x_total`` — in the
+resource and namespace where the literal series exists; elsewhere the name keeps its derived meaning
+(a tenant's literal series never hides another namespace's rate). :func:`readings` lists those
+readings in that order. :func:`parse_metric_name` is the grammar alone (it knows nothing of what is
+stored); :func:`format_metric_name` is its inverse.
+
+Percentiles use the nearest-rank method over the values inside the window: the value at rank
 ``ceil(p / 100 * n)`` of the ``n`` sorted values.
 """
 
@@ -35,6 +48,7 @@ __all__ = [
     "format_window",
     "parse_metric_name",
     "percentile",
+    "readings",
     "validate_metric_name",
 ]
 
@@ -49,7 +63,7 @@ _AGG_SEP = "_agg_"
 _RATE_SUFFIX = "_per_second"
 _COUNTER_SUFFIX = "_total"
 
-Kind = Literal["latest", "rate", "agg"]
+Kind = Literal["latest", "rate", "agg", "rate_agg"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +71,9 @@ class MetricQuery:
     """What a requested metric name asks for.
 
     ``series`` is the stored series it reads; ``kind`` is ``"latest"`` (the last value), ``"rate"``
-    (per-second rate of a counter) or ``"agg"`` (``fn`` over ``window`` seconds; ``window`` ``None``
-    means the store's default window).
+    (per-second rate of a counter), ``"agg"`` (``fn`` over ``window`` seconds of the values;
+    ``window`` ``None`` means the store's default window) or ``"rate_agg"`` (``fn`` over the
+    per-second rates of a counter in ``window`` seconds).
     """
 
     series: str
@@ -126,6 +141,9 @@ def parse_metric_name(name: str, max_window: float | None = None) -> MetricQuery
                     f"aggregation window {wtext!r} in metric name {name!r} is longer than the "
                     f"retention of {max_window:g}s"
                 )
+        if base.endswith(_RATE_SUFFIX) and len(base) > len(_RATE_SUFFIX):
+            # the window aggregation of a rate: fn over the rates of the counter <base>_total
+            return MetricQuery(base[: -len(_RATE_SUFFIX)] + _COUNTER_SUFFIX, "rate_agg", fn, window)
         return MetricQuery(base, "agg", fn, window)
     if name.endswith(_RATE_SUFFIX):
         base = name[: -len(_RATE_SUFFIX)]
@@ -139,10 +157,13 @@ def format_metric_name(query: MetricQuery) -> str:
     """The requested name that :func:`parse_metric_name` turns back into ``query``."""
     if query.kind == "latest":
         return query.series
-    if query.kind == "rate":
+    if query.kind in ("rate", "rate_agg"):
         if not query.series.endswith(_COUNTER_SUFFIX) or len(query.series) == len(_COUNTER_SUFFIX):
             raise ValueError(f"a rate reads a counter named <base>_total, not {query.series!r}")
-        return query.series[: -len(_COUNTER_SUFFIX)] + _RATE_SUFFIX
+        rate = query.series[: -len(_COUNTER_SUFFIX)] + _RATE_SUFFIX
+        if query.kind == "rate":
+            return rate
+        return format_metric_name(MetricQuery(rate, "agg", query.fn, query.window))
     if query.kind == "agg":
         if query.fn not in AGG_FUNCTIONS:
             raise ValueError(f"unknown aggregation function {query.fn!r}")
@@ -151,6 +172,28 @@ def format_metric_name(query: MetricQuery) -> str:
             text += "_" + format_window(query.window)
         return text
     raise ValueError(f"unknown query kind {query.kind!r}")
+
+
+def readings(name: str, max_window: float | None = None) -> list[MetricQuery]:
+    """The readings of a requested name in the order the store tries them; the first whose series
+    exists in the requested scope answers. Never raises: a name outside the grammar has only its
+    literal reading.
+
+    The literal series ``name`` comes first; for ``<base>_per_second_agg_<fn>[_<window>]`` the
+    aggregation of a literal series ``<base>_per_second`` (a gauge pushed under that name, as before
+    rates composed with aggregations) comes before the aggregation of the rates of ``<base>_total``.
+    """
+    out = [MetricQuery(name, "latest")]
+    try:
+        q = parse_metric_name(name, max_window)
+    except ValueError:
+        return out
+    if q.kind == "rate_agg":
+        rate = q.series[: -len(_COUNTER_SUFFIX)] + _RATE_SUFFIX
+        out.append(MetricQuery(rate, "agg", q.fn, q.window))
+    if q.kind != "latest":
+        out.append(q)
+    return out
 
 
 def percentile(values: Sequence[float], p: int) -> float:

@@ -41,6 +41,13 @@ Aggregations (``<name>_agg_<fn>[_<window>]``) read the points whose timestamps l
 ``[last - window, last]`` where ``last`` is the series' newest timestamp (both ends included), and
 report as their window the span actually covered: newest minus oldest timestamp used (``0`` for
 ``latest``, which uses one point). Rates report the interval between the two points used.
+Aggregations of rates (``<base>_per_second_agg_<fn>[_<window>]``) read the points of the counter
+``<base>_total`` in the same window, take the per-second rate between each consecutive pair (resets
+as in :func:`~kcms.store.query.counter_rate`: never negative) and report the same span, from the
+oldest counter point in the window to the newest (the last two points for ``latest``); a window
+holding fewer than 2 points gives no result. A literal series ``<base>_per_second`` in the
+requested resource and namespace is aggregated as itself instead (see
+:func:`~kcms.store.query.readings`).
 
 Not thread-safe: use it from one thread (the event loop).
 """
@@ -56,7 +63,7 @@ from typing import NamedTuple
 
 from kcms.model import Labels, ObjectRef
 from kcms.selectors import LabelSelector
-from kcms.store.query import aggregate, counter_rate, parse_metric_name, validate_metric_name
+from kcms.store.query import aggregate, counter_rate, readings, validate_metric_name
 
 __all__ = ["Result", "SeriesStore"]
 
@@ -455,33 +462,25 @@ class SeriesStore:
         give no result (never an exception). With ``names``, results come in the order of
         ``names``, each name's unlabelled series first; without, in series creation order.
         """
-        by_resource = self._index.get(metric)
-        if by_resource is not None and namespace not in by_resource.get(resource, ()):
-            # No literal series of that name in this scope: a series literally named like a derived
-            # metric (``x_per_second``) in another namespace must not hide that namespace's rate of x.
-            by_resource = None
         kind = "latest"
         fn: str | None = None
         window = 0.0
-        if by_resource is None:
-            try:
-                q = parse_metric_name(metric, self.retention)
-            except ValueError:
-                return []
-            if q.kind == "latest":
-                return []
-            by_resource = self._index.get(q.series)
-            if by_resource is None:
-                return []
-            kind = q.kind
-            fn = q.fn
-            window = self.default_window if q.window is None else q.window
-        by_namespace = by_resource.get(resource)
-        if by_namespace is None:
-            return []
-        node: _Node | None = by_namespace.get(namespace)
+        by_namespace = self._index.get(metric, {}).get(resource)
+        node: _Node | None = None if by_namespace is None else by_namespace.get(namespace)
         if node is None:
-            return []
+            # No literal series of that name in this scope: a series literally named like a derived
+            # metric (``x_per_second``) in another namespace must not hide that namespace's rate of x.
+            # The derived readings in order (readings()[0] is the literal one, just tried).
+            for q in readings(metric, self.retention)[1:]:
+                by_namespace = self._index.get(q.series, {}).get(resource)
+                node = None if by_namespace is None else by_namespace.get(namespace)
+                if node is not None:
+                    kind = q.kind
+                    fn = q.fn
+                    window = self.default_window if q.window is None else q.window
+                    break
+            else:
+                return []
         if names is None:
             entries: Iterable[tuple[str | tuple[str, Labels], bytearray]] = node.items()
         else:
@@ -525,6 +524,21 @@ class SeriesStore:
                 t0, v0, _, _ = unpack_two(points, n - 32)
                 value = counter_rate(t0, v0, last_ts, value)
                 span = last_ts - t0
+            elif kind == "rate_agg":
+                visible = array("d", points[max(0, n - view) :])
+                first = _first_at_or_after(visible, max(last_ts - window, oldest)) << 1
+                if len(visible) - first < 4:  # fewer than 2 counter points in the window: no rate
+                    continue
+                if fn == "latest":  # the last rate alone: from the last two points
+                    t0 = visible[-4]
+                    value = counter_rate(t0, visible[-3], last_ts, value)
+                    span = last_ts - t0
+                else:
+                    ts = visible[first::2]
+                    vs = visible[first + 1 :: 2]
+                    rates = [counter_rate(*p) for p in zip(ts, vs, ts[1:], vs[1:], strict=False)]
+                    value = aggregate(fn, rates)  # type: ignore[arg-type]
+                    span = last_ts - visible[first]
             elif fn == "latest":
                 span = 0.0
             else:
