@@ -86,6 +86,15 @@ async def test_pushed_series_are_served_by_all_groups_from_one_server(env: Env):
     assert item["windowSeconds"] == 10
     assert item["describedObject"] == {"kind": "Pod", "namespace": ns, "name": pod, "apiVersion": "/v1"}
 
+    # the p99 of the rate over 5 minutes: rates 5/s and 8/s between the three pushed points
+    status, body = await env.get(
+        f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/{pod}/jobs_done_per_second_agg_p99_5m"
+    )
+    assert status == 200, body
+    assert [(float(parse_quantity(i["value"])), i["windowSeconds"]) for i in body["items"]] == [
+        (pytest.approx(8.0), 20)
+    ]
+
     status, body = await env.get(
         f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/{pod}/jobs_done_total_agg_max_1m"
     )

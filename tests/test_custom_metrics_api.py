@@ -201,6 +201,36 @@ async def test_aggregations_through_the_api(api: Served, metric: str, fn: str, s
     assert v1[0]["window"] == items[0]["windowSeconds"] and v1[0]["value"] == items[0]["value"]
 
 
+@pytest.mark.parametrize("version", [V2, V1])
+async def test_window_aggregations_of_rates_through_the_api(api: Served, version: str):
+    """The HPA's p99 of a request rate over 5 minutes: fn over the rates between consecutive counter
+    points in the window. web-1 counts 100 per 10 s; web-2 too until it restarts before its last
+    point (50 counted since: 5/s); db-1 counts 5 per 10 s."""
+    window = "windowSeconds" if version == V2 else "window"
+
+    async def read(metric: str) -> dict[str, tuple[str, int]]:
+        items = await api.items(f"{version}/namespaces/shop/pods/*/{metric}")
+        return {i["describedObject"]["name"]: (i["value"], i[window]) for i in items}
+
+    span = int(api.times[-1] - api.times[0])  # 50 s: every point of the fill lies in 5 minutes
+    assert await read("http_requests_per_second_agg_p99_5m") == {
+        "web-1": ("10", span),
+        "web-2": ("10", span),  # rates 10, 10, 10, 10, 5
+        "db-1": ("500m", span),
+    }
+    assert (await read("http_requests_per_second_agg_min_5m"))["web-2"] == ("5", span)
+    assert (await read("http_requests_per_second_agg_avg_5m"))["web-2"] == ("9", span)  # 45 / 5
+    # 20 s: the last three points, two rates (10 and 5); latest: the last rate, over its 10 s
+    assert (await read("http_requests_per_second_agg_p50_20s"))["web-2"] == ("5", 20)
+    assert (await read("http_requests_per_second_agg_max_20s"))["web-2"] == ("10", 20)
+    assert (await read("http_requests_per_second_agg_latest_5m"))["web-2"] == ("5", 10)
+    # a window holding one point of each counter has no rate: an empty list, not an error
+    assert await api.items(f"{version}/namespaces/shop/pods/*/http_requests_per_second_agg_p99_5s") == []
+    # a malformed composed name is the client's mistake, named in a 400 Status
+    status, body = await api.get(f"{version}/namespaces/shop/pods/*/http_requests_per_second_agg_p42_5m")
+    assert status == 400 and body["kind"] == "Status" and "p42" in body["message"]
+
+
 async def test_rates_through_the_api(api: Served):
     items = await api.items(f"{V2}/namespaces/shop/pods/*/http_requests_per_second")
     got = {i["describedObject"]["name"]: (i["value"], i["windowSeconds"]) for i in items}

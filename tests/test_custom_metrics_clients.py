@@ -152,6 +152,44 @@ async def test_official_python_client(api: Served):
     ]
 
 
+P99_RATE_5M = "http_requests_per_second_agg_p99_5m"  # the canonical autoscaling query
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
+async def test_kubectl_reads_the_p99_of_a_rate(api: Served):
+    kubectl = get_raw(api.kubeconfig)
+    body = await asyncio.to_thread(kubectl, f"{V2}/namespaces/shop/pods/web-2/{P99_RATE_5M}")
+    [item] = body["items"]
+    assert (item["metric"]["name"], item["value"]) == (P99_RATE_5M, "10")
+    assert item["windowSeconds"] == int(api.times[-1] - api.times[0])
+
+
+async def test_official_python_client_reads_the_p99_of_a_rate(api: Served):
+    import kubernetes
+
+    def read() -> dict:
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(api.kubeconfig), client_configuration=cfg)
+        with kubernetes.client.ApiClient(cfg) as client:
+            # the object name "*" and the metric are two path segments, which the generated
+            # CustomObjectsApi cannot express (it escapes the slash): the client's own call path
+            method, url, headers, body, post = client.param_serialize(
+                "GET",
+                "/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/pods/{name}/{metric}",
+                path_params={"namespace": "shop", "name": "*", "metric": P99_RATE_5M},
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            response = client.call_api(method, url, headers, body, post)
+            response.read()
+            return json.loads(response.data)
+
+    body = await asyncio.to_thread(read)
+    got = {i["describedObject"]["name"]: (i["value"], i["windowSeconds"]) for i in body["items"]}
+    span = int(api.times[-1] - api.times[0])
+    assert got == {"web-1": ("10", span), "web-2": ("10", span), "db-1": ("500m", span)}
+
+
 async def test_label_selector_on_pods_from_a_kube_inventory(fake_kube, tmp_path):
     from kcms.kube.client import KubeClient
     from kcms.kube.inventory import KubeInventory

@@ -173,6 +173,35 @@ async def test_read_repair_copies_what_a_replica_missed(stores3) -> None:
         await cluster.close()
 
 
+async def test_read_repair_of_a_rate_aggregation_copies_the_counter(stores3) -> None:
+    """``jobs_per_second_agg_max_1m`` reads the series ``jobs_total``: that is what repair copies."""
+    cluster = stores3.cluster(timeout=1.0)
+    try:
+        await cluster.ready_members()
+        t = time.time() - 30  # settled
+        missed = wire.Write(
+            samples=[("jobs_total", "pods", "default", "pod-1", (), t + k, 10.0 * k * k) for k in range(3)]
+        )
+        for name in ("s0", "s1"):  # s2 missed these writes
+            await cluster.client(name).write(missed)
+        counter = wire.SeriesQuery("pods", "default", ["pod-1"], "jobs_total")
+        for _ in range(50):
+            rows = await cluster.query_series("pods", "default", ["pod-1"], "jobs_per_second_agg_max_1m")
+            assert [(r.value, r.window) for r in rows] == [(30.0, 2.0)]  # rates 10 and 30
+            got = await cluster.client("s2").query_series(counter)
+            if got and got[0][2] == 40.0:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("s2 was not repaired by reads of the rate aggregation")
+        alone = await cluster.client("s2").query_series(
+            wire.SeriesQuery("pods", "default", ["pod-1"], "jobs_per_second_agg_max_1m")
+        )
+        assert [(r[2], r[4]) for r in alone] == [(30.0, 2.0)]
+    finally:
+        await cluster.close()
+
+
 async def test_sharded_kill_and_join(tmp_path) -> None:
     stores = Stores(tmp_path, 4, replicas=2)
     stores.start_all()

@@ -97,6 +97,9 @@ async def test_quorum_client_round_trip(tmp_path) -> None:
         assert rows[0].value == pytest.approx(10.0) and rows[0].labels == (("code", "200"),)
         agg = await cluster.query_series("pods", "default", None, "requests_total_agg_max")
         assert sorted(r.value for r in agg) == [20.0] * 5
+        # the window aggregation of a rate is computed by the stores and merged like any value
+        p99 = await cluster.query_series("pods", "default", ["pod-2"], "requests_per_second_agg_p99_5m")
+        assert [(r.obj.name, r.value, r.timestamp, r.window) for r in p99] == [("pod-2", 10.0, now - 8, 2.0)]
         nodes = await cluster.query_nodes(None)
         assert nodes["n1"][2] == pytest.approx(0.5e9, rel=1e-6)  # cpu nanocores
         pods = await cluster.query_pods("default", None)
