@@ -13,6 +13,7 @@ from kcms.store.query import (
     MetricQuery,
     aggregate,
     counter_rate,
+    counter_rates,
     format_metric_name,
     format_window,
     parse_metric_name,
@@ -280,3 +281,15 @@ def test_counter_rate_never_negative(t0, dt, v0, v1):
     assert r >= 0.0
     if v1 >= v0:
         assert r == pytest.approx((v1 - v0) / ((t0 + dt) - t0))
+
+
+@given(st.lists(st.tuples(st.floats(min_value=1e-3, max_value=1e6), floats), max_size=30))
+def test_counter_rates_are_counter_rate_between_consecutive_points(steps):
+    times, values, t = [], [], 1e9
+    for dt, v in steps:
+        t += dt
+        times.append(t)
+        values.append(v)
+    want = [counter_rate(times[i - 1], values[i - 1], times[i], values[i]) for i in range(1, len(times))]
+    assert counter_rates(times, values) == want
+    assert all(r >= 0.0 for r in want)

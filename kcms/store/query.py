@@ -44,6 +44,7 @@ __all__ = [
     "MetricQuery",
     "aggregate",
     "counter_rate",
+    "counter_rates",
     "format_metric_name",
     "format_window",
     "parse_metric_name",
@@ -233,3 +234,18 @@ def counter_rate(t0: float, v0: float, t1: float, v1: float) -> float:
     if v1 >= v0:
         return (v1 - v0) / dt
     return v1 / dt if v1 > 0 else 0.0
+
+
+def counter_rates(times: Sequence[float], values: Sequence[float]) -> list[float]:
+    """:func:`counter_rate` between each pair of consecutive points (strictly increasing ``times``):
+    ``len(times) - 1`` rates. The same arithmetic inline, as one loop: the call per pair cost half of
+    a 5-minute rate aggregation's time."""
+    out: list[float] = []
+    append = out.append
+    it = zip(times, values, strict=True)
+    for t0, v0 in it:
+        for t1, v1 in it:
+            dt = t1 - t0
+            append((v1 - v0) / dt if v1 >= v0 else (v1 / dt if v1 > 0 else 0.0))
+            t0, v0 = t1, v1
+    return out

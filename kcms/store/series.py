@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 from kcms.model import Labels, ObjectRef
 from kcms.selectors import LabelSelector
-from kcms.store.query import aggregate, counter_rate, readings, validate_metric_name
+from kcms.store.query import aggregate, counter_rate, counter_rates, readings, validate_metric_name
 
 __all__ = ["Result", "SeriesStore"]
 
@@ -534,10 +534,7 @@ class SeriesStore:
                     value = counter_rate(t0, visible[-3], last_ts, value)
                     span = last_ts - t0
                 else:
-                    ts = visible[first::2]
-                    vs = visible[first + 1 :: 2]
-                    rates = [counter_rate(*p) for p in zip(ts, vs, ts[1:], vs[1:], strict=False)]
-                    value = aggregate(fn, rates)  # type: ignore[arg-type]
+                    value = aggregate(fn, counter_rates(visible[first::2], visible[first + 1 :: 2]))  # type: ignore[arg-type]
                     span = last_ts - visible[first]
             elif fn == "latest":
                 span = 0.0
