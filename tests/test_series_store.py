@@ -419,6 +419,17 @@ def test_rate_aggregations_need_two_points_in_the_window():
         ]
 
 
+def test_rate_aggregations_ignore_points_past_the_retention_not_yet_collected():
+    s = SeriesStore(retention=300, stale_after=300)
+    for k, v in enumerate((0.0, 1000.0, 1100.0, 1300.0)):  # rates 10, 1, 2 per second
+        s.append("jobs_total", pod("a"), (), T0 + 100 * k, v)
+    # at T0 + 350 the point at T0 has expired (garbage collection has not run): rates 1 and 2 only
+    assert s.query("pods", "default", None, "jobs_per_second_agg_max_5m", now=T0 + 350) == [
+        Result(pod("a"), (), 2.0, T0 + 300, 200.0)
+    ]
+    assert s.query("pods", "default", None, "jobs_per_second_agg_max_5m", now=T0 + 300)[0].value == 10.0
+
+
 def test_a_literal_per_second_series_is_aggregated_as_itself_in_its_scope_only():
     s = SeriesStore()
     for ns in ("a", "b"):
