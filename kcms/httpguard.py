@@ -92,13 +92,18 @@ _METHOD_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32} [^ \r\n]")
 _HEAD_BYTES = 64
 
 
+HEADER_TIMEOUT = 32.0  # seconds; kube-apiserver's ReadHeaderTimeout
+IDLE_TIMEOUT = 90.0  # kube-apiserver's IdleTimeout
+BODY_TIMEOUT = 60.0  # kube's default --request-timeout
+
+
 @dataclass(frozen=True, slots=True)
 class GuardOptions:
     """Deadlines and size limits of one listener; see the module docstring."""
 
-    header_timeout: float = 32.0
-    idle_timeout: float = 90.0
-    body_timeout: float = 60.0
+    header_timeout: float = HEADER_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
     max_line_size: int = 8190
     max_field_size: int = 8190
     max_headers: int = 128

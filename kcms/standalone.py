@@ -190,10 +190,10 @@ def serving_options(args: argparse.Namespace) -> ServingOptions:
         tls_cert_file=args.tls_cert_file,
         tls_private_key_file=args.tls_private_key_file,
         tls_min_version=args.tls_min_version,
-        request_header_timeout=getattr(args, "request_header_timeout", 32.0),
-        max_requests_inflight=getattr(args, "max_requests_inflight", 400),
-        max_mutating_requests_inflight=getattr(args, "max_mutating_requests_inflight", 200),
-        executing_requests=getattr(args, "max_executing_requests", 4),
+        request_header_timeout=args.request_header_timeout,
+        max_requests_inflight=args.max_requests_inflight,
+        max_mutating_requests_inflight=args.max_mutating_requests_inflight,
+        executing_requests=args.max_executing_requests,
     )
 
 

@@ -28,6 +28,8 @@ from prometheus_client import Counter, Gauge
 
 from .responses import StatusError
 
+MAX_READONLY = 400  # kube's --max-requests-inflight default
+MAX_MUTATING = 200  # kube's --max-mutating-requests-inflight default
 EXECUTING = 4  # seats: requests running at once (the others queue, FIFO)
 QUEUE_WAIT = 15.0  # seconds a request may wait for a seat (kube APF: a quarter of the request timeout)
 RETRY_AFTER = 1  # seconds, as kube answers
@@ -70,8 +72,8 @@ class InflightLimiter:
 
     def __init__(
         self,
-        max_readonly: int = 400,
-        max_mutating: int = 200,
+        max_readonly: int = MAX_READONLY,
+        max_mutating: int = MAX_MUTATING,
         executing: int = EXECUTING,
         queue_wait: float = QUEUE_WAIT,
     ) -> None:

@@ -16,7 +16,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from kcms.httpguard import BODY_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT
 from kcms.tasks import cancel_and_wait
+
+from .inflight import EXECUTING, MAX_MUTATING, MAX_READONLY
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +45,14 @@ class ServingOptions:
     # Connection deadlines (kcms.httpguard; kube-apiserver's values): request line and headers
     # due within request_header_timeout (--request-header-timeout), a kept-alive connection closed
     # after idle_timeout without a request, a request body due within body_timeout.
-    request_header_timeout: float = 32.0
-    idle_timeout: float = 90.0
-    body_timeout: float = 60.0
+    request_header_timeout: float = HEADER_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+    body_timeout: float = BODY_TIMEOUT
     # Overload protection (kcms.apiserver.inflight): --max-requests-inflight and
     # --max-mutating-requests-inflight, 0 = no limit; executing_requests run at once, others queue.
-    max_requests_inflight: int = 400
-    max_mutating_requests_inflight: int = 200
-    executing_requests: int = 4
+    max_requests_inflight: int = MAX_READONLY
+    max_mutating_requests_inflight: int = MAX_MUTATING
+    executing_requests: int = EXECUTING
 
 
 def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
