@@ -1,268 +1,541 @@
-"""Resource pipeline benchmark: simulated kubelets -> `kcms standalone`, measured from outside.
+"""Resource pipeline benchmark: every figure of issue 9's table for `kcms standalone`, beside
+metrics-server's, at each cluster size in turn.
 
-    python bench/resource_pipeline.py --nodes 1000 --pods-per-node 30
+    python bench/resource_pipeline.py --nodes 50,1000,5000 [--json out.json] [--kcms-arg=--flag=value ...]
 
-The simulator (one process) serves N kubelets over TLS on 127.x addresses, each with P pods of
-2 containers; the test suite's fake kube-apiserver (another process) serves their Node and Pod
-objects. `kcms standalone` (another process) scrapes them every --metric-resolution. We
-measure the KCMS process alone with psutil: CPU seconds per scrape cycle (and so millicores
-per node at that resolution), RSS per node, the cycle wall time it reports in its own
-/metrics, and the latency of listing all node metrics, all pod metrics and one namespace.
-It prints figures and the ratios to metrics-server v0.9 measured on this kind of machine with
-the same workload (see README). Not a test: it asserts nothing and takes minutes.
+Per size, fresh processes: the simulator (N kubelets over TLS on 127.x addresses, 30 pods x 2
+containers each), the fake kube-apiserver (bench/fake_kube_apiserver.py: Nodes and Pods by paged
+LIST + WATCH, as in a cluster) and `kcms standalone` (plus any --kcms-arg). Measured from outside:
+
+1. start: from the moment KCMS's process is started, the node metrics list is polled until 95 %
+   of the nodes are in it, then the pod metrics list until 95 % of the inventory's pods are
+   (the pod figure is known to within one list's duration, printed);
+2. quiet: CPU seconds of KCMS's whole process tree (parent + every descendant, reaped ones
+   included) over --cycles whole scrape cycles with no queries -> millicores per node at the
+   resolution; RSS of the tree (sum over processes) at the end -> MB per node;
+3. lists: all nodes, all pods, one namespace by label (the HPA's query,
+   --hpa-namespace/--hpa-selector), each with Accept-Encoding gzip and identity, over one kept-alive
+   TLS connection; p50 is the figure;
+4. the socket-write floor: the same client receiving the very bytes KCMS sent for all pods from a
+   minimal asyncio+ssl server (pre-rendered, same TLS version); list time / floor time;
+5. load: --load-clients processes list all pods in a loop for at least --load-cycles whole scrape
+   cycles while KCMS collects: failed scrapes by reason and cycle durations (deltas of KCMS's
+   /metrics), list latency, the fewest pods a list held, and pods served right after the phase;
+6. pods served at the end: % of the inventory's pods present in the all-pods list.
+
+It prints the raw lines per size, then a Markdown table (one column per size; cells "KCMS /
+metrics-server (ratio)") to paste into the README; --json saves everything. Where the reference
+figures come from: bench/resource_report.py. Not a test: it asserts nothing and takes minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
-import re
-import ssl
+import queue
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
+import orjson
 import psutil
 import trustme
+from resource_client import Client, Response, items_of, list_loop, read_scrapes, tree_cpu_seconds, tree_memory
+from resource_report import markdown_table, reference_lines
 
-# metrics-server v0.9 on this kind of machine, 1000 nodes x 30 pods x 2 containers, 15 s.
-REFERENCE = {"millicores_per_node": 0.058, "rss_mb_per_node": 0.40, "list_nodes_ms": 12.0}
+BENCH = Path(__file__).resolve().parent
+NODES_PATH = "/apis/metrics.k8s.io/v1beta1/nodes"
+PODS_PATH = "/apis/metrics.k8s.io/v1beta1/pods"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
+    """Read ``proc``'s stdout until a line contains ``needle``; then keep draining it in the
+    background (a full pipe would block the process)."""
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             if proc.poll() is not None:
-                raise SystemExit(f"process exited with {proc.returncode} before printing {needle!r}")
+                raise SystemExit(f"{proc.args[:4]} exited with {proc.returncode} before printing {needle!r}")
             continue
         if needle in line:
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
             return
     raise SystemExit(f"timed out waiting for {needle!r}")
 
 
-class Client:
-    """A tiny HTTPS client with a client certificate (the benchmark's own identity)."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, base: str, ca: trustme.CA, cert: trustme.LeafCert) -> None:
-        self.base = base
-        self.ctx = ssl.create_default_context()
-        self.ctx.check_hostname = False
-        self.ctx.verify_mode = ssl.CERT_NONE
-        with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
-            f.write(cert.private_key_and_cert_chain_pem.bytes())
-        self.ctx.load_cert_chain(f.name)
 
-    def get(self, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.base + path, headers={"Accept": "application/json"})
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
+
+
+def served_pct(body: bytes, inventory: set[tuple[str, str]]) -> float:
+    listed = {(i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in items_of(body)}
+    return 100.0 * len(listed & inventory) / len(inventory) if inventory else float("nan")
+
+
+class Run:
+    """One cluster size: its processes, client and figures."""
+
+    def __init__(self, args: argparse.Namespace, nodes: int, work: Path, ca: trustme.CA) -> None:
+        self.args, self.nodes, self.work, self.ca = args, nodes, work, ca
+        me = ca.issue_cert("kcms-bench", common_name="kcms-bench", organization_name="system:masters")
+        self.cert_chain = str(work / "client.pem")
+        me.private_key_and_cert_chain_pem.write_to_path(self.cert_chain)
+        self.procs: list[subprocess.Popen] = []
+        self.r: dict = {"nodes": nodes, "pods_per_node": args.pods_per_node, "kcms_args": args.kcms_arg}
+
+    def spawn(self, cmd: list[str], **kw: object) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+    def kcms_died(self) -> SystemExit:
+        tail = (self.work / "kcms.log").read_text(errors="replace")[-3000:]
+        return SystemExit(f"kcms exited {self.server.returncode}; its log ends:\n{tail}")
+
+    # ---- processes -------------------------------------------------------------------------------
+
+    def start_cluster(self) -> None:
+        a, w = self.args, self.work
+        log(f"{self.nodes} nodes: starting the simulator")
+        sim = self.spawn(
+            [sys.executable, "-m", "kcms", "simulate", "--nodes", str(self.nodes),
+             "--pods-per-node", str(a.pods_per_node), "--containers-per-pod", "2",
+             "--address-base", a.address_base, "--port", str(a.port),
+             "--write-inventory", str(w / "inventory.json"), "--ca-out", str(w / "kubelet-ca.pem")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for_line(sim, "serving", 1800)
+        items = orjson.loads((w / "inventory.json").read_bytes())["items"]
+        self.inventory = {
+            (o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in items
+            if o.get("kind") == "Pod" and (o.get("status") or {}).get("phase") == "Running"
+        }
+        self.r["pods"] = len(self.inventory)
+        del items
+        log(f"{self.nodes} nodes: starting the fake kube-apiserver ({len(self.inventory)} pods)")
+        kube = self.spawn(
+            [sys.executable, str(BENCH / "fake_kube_apiserver.py"), str(w / "inventory.json"), str(w / "kubeconfig")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for_line(kube, "ready", 1800)
+        (w / "client-ca.pem").write_bytes(self.ca.cert_pem.bytes())
+
+    def start_kcms(self) -> float:
+        a, w = self.args, self.work
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "kcms", "standalone",
+               "--kubeconfig", str(w / "kubeconfig"),
+               "--kubelet-certificate-authority", str(w / "kubelet-ca.pem"),
+               "--kubelet-preferred-address-types", "InternalIP", "--kubelet-port", str(a.port),
+               "--metric-resolution", f"{a.resolution:g}s",
+               "--secure-port", str(self.port), "--bind-address", "127.0.0.1",
+               "--cert-dir", str(w / "certs"), "--client-ca-file", str(w / "client-ca.pem"),
+               "--authentication-skip-lookup", "-v", "0", *a.kcms_arg]  # fmt: skip
+        log(f"{self.nodes} nodes: starting kcms standalone {' '.join(a.kcms_arg)}")
+        t0 = time.monotonic()
+        self.server = self.spawn(
+            cmd, stdout=subprocess.DEVNULL, stderr=open(w / "kcms.log", "w"), cwd=a.kcms_root or None
+        )  # `-m kcms` imports the package from the working directory first
+        self.proc = psutil.Process(self.server.pid)
+        self.client = Client("127.0.0.1", self.port, self.cert_chain)
+        return t0
+
+    # ---- 1. start ----------------------------------------------------------------------------------
+
+    def measure_start(self, t0: float) -> None:
+        want_nodes, want_pods = 0.95 * self.nodes, 0.95 * len(self.inventory)
+        ready = nodes95 = pods95 = None
+        pods_poll = float("nan")
+        while ready is None or nodes95 is None or pods95 is None:
+            if self.server.poll() is not None:
+                raise self.kcms_died()
+            if time.monotonic() - t0 > self.args.start_timeout:
+                raise SystemExit(
+                    f"not serving 95 % within {self.args.start_timeout} s (ready {ready}, nodes {nodes95})"
+                )
+            try:
+                if ready is None and self.client.get("/readyz", timeout=10).status == 200:
+                    ready = time.monotonic() - t0
+                if nodes95 is None:
+                    r = self.client.get(NODES_PATH, timeout=60)
+                    if r.status == 200 and len(items_of(r.body)) >= want_nodes:
+                        nodes95 = time.monotonic() - t0
+                elif pods95 is None:
+                    r = self.client.get(PODS_PATH, timeout=300)
+                    if r.status == 200 and len(items_of(r.body)) >= want_pods:
+                        pods95, pods_poll = time.monotonic() - t0, r.seconds
+            except OSError:  # not listening yet
+                self.client.close()
+            time.sleep(0.2)
+        rss, nproc = tree_memory(self.proc)
+        self.r.update(t_ready_s=ready, t95_nodes_s=nodes95, t95_pods_s=pods95, t95_pods_poll_s=pods_poll,
+                      rss_mb_at_start=rss / 1e6)  # fmt: skip
+        log(f"{self.nodes} nodes: 95 % of nodes served after {nodes95:.1f} s, of pods after {pods95:.1f} s")
+
+    # ---- 2. quiet cycles ------------------------------------------------------------------------------
+
+    def wait_cycles(self, after: float, count: int) -> None:
+        """Until KCMS has completed ``count`` cycles more than ``after``."""
+        deadline = time.monotonic() + (count + 2) * self.args.resolution * 4
+        while read_scrapes(self.client).cycles < after + count:
+            if self.server.poll() is not None:
+                raise self.kcms_died()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"KCMS did not complete {count} scrape cycles in time")
+            time.sleep(0.25)
+
+    def measure_quiet(self) -> None:
+        a = self.args
+        # Start on a cycle boundary and measure whole cycles; polling /metrics costs the server CPU
+        # too, so sleep through the cycles and poll only near their end.
+        self.wait_cycles(read_scrapes(self.client).cycles, 1)
+        s0 = read_scrapes(self.client)
+        cpu0 = tree_cpu_seconds(self.proc)
+        time.sleep(max(0.0, a.cycles * a.resolution - 1.0))
+        self.wait_cycles(s0.cycles, a.cycles)
+        cpu1 = tree_cpu_seconds(self.proc)
+        s1 = read_scrapes(self.client)
+        rss, nproc = tree_memory(self.proc)
+        pss, _ = tree_memory(self.proc, pss=True)
+        cycles = s1.cycles - s0.cycles
+        cycle_cpu = (cpu1 - cpu0) / cycles
+        self.r.update(
+            cycles=cycles, cycle_cpu_s=cycle_cpu, cycle_wall_s=(s1.cycle_seconds - s0.cycle_seconds) / cycles,
+            cpu_mc_per_node=cycle_cpu / a.resolution * 1000 / self.nodes,
+            rss_mb=rss / 1e6, pss_mb=pss / 1e6, processes=nproc, rss_mb_per_node=rss / 1e6 / self.nodes,
+            quiet_failures=s1.delta(s0),
+        )  # fmt: skip
+
+    # ---- 3. lists -------------------------------------------------------------------------------------
+
+    def time_list(self, path: str, encoding: str, n: int) -> tuple[dict, Response]:
+        samples, r = [], None
+        for _ in range(n):
+            r = self.client.get(path, encoding=encoding)
+            if r.status != 200:
+                raise SystemExit(f"GET {path}: HTTP {r.status}: {r.body[:300]!r}")
+            samples.append(r.seconds * 1000)
+        assert r is not None
+        fig = {"p50_ms": statistics.median(samples), "p99_ms": pct(samples, 0.99), "max_ms": max(samples),
+               "n": n, "items": len(items_of(r.body)), "wire_bytes": r.wire_bytes, "body_bytes": len(r.body),
+               "content_encoding": r.encoding}  # fmt: skip
+        return fig, r
+
+    def measure_lists(self) -> None:
+        a = self.args
+        hpa = (f"/apis/metrics.k8s.io/v1beta1/namespaces/{a.hpa_namespace}/pods?"
+               + urllib.parse.urlencode({"labelSelector": a.hpa_selector}))  # fmt: skip
+        self.r["hpa_path"] = hpa
+        self.r["lists"], self.pods_wire = {}, {}
+        for enc in ("gzip", "identity"):
+            nodes, _ = self.time_list(NODES_PATH, enc, a.requests)
+            pods, r = self.time_list(PODS_PATH, enc, a.pod_requests)
+            self.pods_wire[enc] = (r.raw, r.encoding)  # as on the wire, for the floor server to send again
+            self.r["pods_served_pct_before_load"] = served_pct(r.body, self.inventory)
+            del r
+            hpa_fig, _ = self.time_list(hpa, enc, a.requests)
+            self.r["lists"][enc] = {"nodes": nodes, "pods": pods, "hpa": hpa_fig}
+        self.r["tls"] = self.client.tls()
+        rss, _ = tree_memory(self.proc)
+        self.r["rss_mb_after_lists"] = rss / 1e6
+
+    # ---- 4. the socket-write floor --------------------------------------------------------------
+
+    def measure_floor(self) -> None:
+        floor_cert = str(self.work / "floor.pem")
+        self.ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(floor_cert)
+        self.r["floor"] = {}
+        for enc, (raw, got) in self.pods_wire.items():
+            body_file = self.work / f"pods-{enc}.body"
+            body_file.write_bytes(raw)
+            tls_version = self.r["tls"][0] or "TLSv1.3"
+            srv = subprocess.Popen(
+                [sys.executable, str(BENCH / "resource_client.py"), "floor", "--body", str(body_file),
+                 "--content-encoding", got, "--tls-version", tls_version, "--cert-chain", floor_cert],
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+            try:
+                assert srv.stdout is not None
+                port = int(srv.stdout.readline().split()[1])
+                client = Client("127.0.0.1", port)
+                client.get("/", encoding=enc)  # the handshake, as KCMS's connection had it already
+                samples = []
+                for _ in range(self.args.pod_requests):
+                    r = client.get("/", encoding=enc)
+                    samples.append(r.seconds * 1000)
+                tls = client.tls()
+                client.close()
+            finally:
+                srv.terminate()
+                srv.wait(10)
+            p50 = statistics.median(samples)
+            self.r["floor"][enc] = {"p50_ms": p50, "wire_bytes": len(raw), "tls": tls,
+                                    "ratio": self.r["lists"][enc]["pods"]["p50_ms"] / p50}  # fmt: skip
+            body_file.unlink()
+
+    # ---- 5. listing clients while collecting ------------------------------------------------------
+
+    def measure_load(self) -> None:
+        a = self.args
+        ctx = multiprocessing.get_context("spawn")
+        stop, results = ctx.Event(), ctx.Queue()
+        workers = [
+            ctx.Process(target=list_loop, args=("127.0.0.1", self.port, self.cert_chain, PODS_PATH, "gzip", stop, results),
+                        daemon=True)
+            for _ in range(a.load_clients)
+        ]  # fmt: skip
+        for w in workers:
+            w.start()
+        lists: list[tuple] = []
+        # The phase starts once every client has sent its first list; whole cycles under load are
+        # those that complete after the one in progress at that moment.
+        time.sleep(1.0)
+        s0 = read_scrapes(self.client)
+        log(
+            f"{self.nodes} nodes: {a.load_clients} clients list all pods in a loop for {a.load_cycles}+ cycles"
+        )
+        durations, last = [], s0
+        deadline = time.monotonic() + (a.load_cycles + 3) * a.resolution * 4
+        while last.cycles < s0.cycles + a.load_cycles + 1:
+            if self.server.poll() is not None:
+                raise self.kcms_died()
+            if time.monotonic() > deadline:
+                log("load phase: cycles did not complete in time; ending it")
+                break
+            time.sleep(0.5)
+            now = read_scrapes(self.client)
+            if now.cycles > last.cycles:
+                durations.append((now.cycle_seconds - last.cycle_seconds) / (now.cycles - last.cycles))
+            last = now
+        s1 = read_scrapes(self.client)
+        stop.set()
+        r = self.client.get(PODS_PATH, encoding="gzip")
+        end_pct = served_pct(r.body, self.inventory)
+        for w in workers:
+            w.join(5)
+            if w.is_alive():
+                w.terminate()
+        while True:
+            try:
+                lists.append(results.get_nowait())
+            except queue.Empty:
+                break
+        ok = [x for x in lists if x[3] == 200]
+        ms = [x[1] * 1000 for x in ok]
+        delta = s1.delta(s0)
+        self.r["load"] = {
+            "clients": a.load_clients, **delta, "cycle_seconds": durations,
+            "cycle_max_s": max(durations, default=float("nan")),
+            "cycle_mean_s": statistics.fmean(durations) if durations else float("nan"),
+            "lists": len(ok), "list_errors": [x[3] for x in lists if x[3] != 200][:10],
+            "list_p50_ms": statistics.median(ms) if ms else float("nan"), "list_max_ms": max(ms, default=float("nan")),
+            "min_items_pct": 100.0 * min((x[2] for x in ok), default=0) / len(self.inventory),
+            "pods_served_pct_end": end_pct, "nodes_missing_end": s1.nodes_missing,
+        }  # fmt: skip
+        self.r["pods_served_pct"] = end_pct
+        rss, _ = tree_memory(self.proc)
+        self.r["rss_mb_after_load"] = rss / 1e6
+
+    def run(self) -> dict:
         try:
-            with urllib.request.urlopen(req, context=self.ctx, timeout=timeout) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+            self.start_cluster()
+            t0 = self.start_kcms()
+            self.measure_start(t0)
+            self.measure_quiet()
+            self.measure_lists()
+            self.measure_floor()
+            if self.args.load_clients > 0:
+                self.measure_load()
+            else:
+                r = self.client.get(PODS_PATH, encoding="gzip")
+                self.r["pods_served_pct"] = served_pct(r.body, self.inventory)
+        finally:
+            self.stop()
+        return self.r
 
 
-def metric_value(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    return float(m.group(1)) if m else float("nan")
+def raw_lines(r: dict) -> list[str]:
+    n = r["nodes"]
+    out = [
+        f"== {n} nodes x {r['pods_per_node']} pods x 2 containers ({r['pods']} pods in the API), "
+        f"kcms standalone {' '.join(r['kcms_args'])}".rstrip(),
+        f"  ready (/readyz 200) after start:     {r['t_ready_s']:8.2f} s",
+        f"  95 % of nodes served after start:    {r['t95_nodes_s']:8.2f} s",
+        f"  95 % of pods served after start:     {r['t95_pods_s']:8.2f} s (the poll that saw it took {r['t95_pods_poll_s']:.2f} s)",
+        f"  scrape cycle wall time:              {r['cycle_wall_s']:8.3f} s (mean of {r['cycles']:g} quiet cycles)",
+        f"  CPU per cycle (process tree):        {r['cycle_cpu_s']:8.3f} s -> {r['cpu_mc_per_node']:.4f} millicores per node",
+        f"  RSS (tree of {r['processes']} processes):        {r['rss_mb']:8.1f} MB = {r['rss_mb_per_node']:.3f} MB per node "
+        f"(PSS {r['pss_mb']:.1f} MB; {r['rss_mb_at_start']:.1f} MB at 95 % pods, {r['rss_mb_after_lists']:.1f} after the lists)",
+        f"  scrape failures in the quiet cycles: {r['quiet_failures']['scrapes_failed']:g} {r['quiet_failures']['failures_by_reason']}",
+        f"  TLS: {r['tls'][0]} {r['tls'][1]}; HPA query: {r['hpa_path']}",
+    ]  # fmt: skip
+    for enc, figs in r["lists"].items():
+        for what, f in figs.items():
+            out.append(
+                f"  list {what:5s} ({enc:8s}) {f['items']:7d} items: p50 {f['p50_ms']:9.1f} ms  p99 {f['p99_ms']:9.1f} ms  "
+                f"({f['n']} requests, {f['wire_bytes'] / 1e6:.2f} MB on the wire, {f['body_bytes'] / 1e6:.2f} MB body, "
+                f"Content-Encoding {f['content_encoding'] or 'identity'})"
+            )
+    for enc, f in r["floor"].items():
+        out.append(
+            f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
+            f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x"
+        )
+    if r.get("load"):
+        ld = r["load"]
+        out += [
+            f"  load: {ld['clients']} clients listing all pods (gzip) for {ld['cycles']:g} cycles: {ld['lists']} lists, "
+            f"p50 {ld['list_p50_ms']:.0f} ms, max {ld['list_max_ms']:.0f} ms, errors {ld['list_errors']}",
+            f"  load: scrapes failed {ld['scrapes_failed']:g} of {ld['scrapes_failed'] + ld['scrapes_succeeded']:g}, "
+            f"by reason {ld['failures_by_reason']}; nodes missing at the end {ld['nodes_missing_end']:g}",
+            f"  load: cycle durations {', '.join(f'{d:.3f}' for d in ld['cycle_seconds'])} s",
+            f"  load: fewest pods in a list {ld['min_items_pct']:.1f} %, pods served right after {ld['pods_served_pct_end']:.2f} %",
+        ]  # fmt: skip
+    out.append(f"  pods served at the end: {r['pods_served_pct']:.2f} % (before the load phase {r['pods_served_pct_before_load']:.2f} %); "
+               f"RSS after the load phase {r.get('rss_mb_after_load', float('nan')):.1f} MB")  # fmt: skip
+    return out
 
 
-def cpu_seconds(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
-
-
-def time_requests(client: Client, path: str, n: int) -> tuple[float, float, int]:
-    samples, items = [], 0
-    for _ in range(n):
-        t0 = time.perf_counter()
-        status, body = client.get(path)
-        samples.append((time.perf_counter() - t0) * 1000)
-        if status != 200:
-            raise SystemExit(f"GET {path}: HTTP {status}: {body[:300]!r}")
-        items = len(json.loads(body)["items"])
-    samples.sort()
-    return statistics.median(samples), samples[int(0.99 * (len(samples) - 1))], items
+def code_version(root: str | None) -> str:
+    """The commit the measured KCMS code is at, and whether kcms/ has changes not committed."""
+    if root:
+        return f"the kcms package in {root}"
+    repo = BENCH.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "kcms"], cwd=repo, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes in kcms/" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument(
+        "--nodes",
+        default="50,1000,5000",
+        help="cluster sizes, comma-separated, run in turn (default 50,1000,5000)",
+    )
     ap.add_argument("--pods-per-node", type=int, default=30)
-    ap.add_argument("--resolution", type=float, default=15.0, help="seconds (default 15)")
-    ap.add_argument("--cycles", type=int, default=4, help="scrape cycles measured (default 4)")
-    ap.add_argument("--requests", type=int, default=20, help="requests per listing measured (default 20)")
+    ap.add_argument(
+        "--resolution", type=float, default=15.0, help="seconds (default 15; KCMS needs at least 10)"
+    )
+    ap.add_argument("--cycles", type=int, default=4, help="quiet scrape cycles measured for CPU (default 4)")
+    ap.add_argument("--requests", type=int, default=20, help="requests per node and HPA listing (default 20)")
+    ap.add_argument(
+        "--pod-requests", type=int, default=5, help="requests per all-pods listing and floor (default 5)"
+    )
+    ap.add_argument(
+        "--load-clients",
+        type=int,
+        default=2,
+        help="client processes listing all pods in the load phase (default 2; 0: no phase)",
+    )
+    ap.add_argument(
+        "--load-cycles",
+        type=int,
+        default=3,
+        help="whole scrape cycles the load phase lasts at least (default 3)",
+    )
+    ap.add_argument("--hpa-namespace", default="team-a")
+    ap.add_argument(
+        "--hpa-selector",
+        default="app=web",
+        help="labelSelector of the HPA's query (default app=web: one Deployment's pods)",
+    )
+    ap.add_argument(
+        "--kcms-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument to `kcms standalone` (repeatable; use --kcms-arg=--flag=value)",
+    )
+    ap.add_argument(
+        "--start-timeout", type=float, default=900.0, help="seconds until 95 %% of pods must be served"
+    )
+    ap.add_argument(
+        "--kcms-root",
+        metavar="DIR",
+        help="measure the kcms package in DIR (e.g. `git archive <commit> kcms | tar -x -C DIR`) "
+        "instead of this checkout's; the simulator and the fake API stay this checkout's",
+    )
     ap.add_argument("--address-base", default="127.50.0.1")
     ap.add_argument("--port", type=int, default=10250)
-    args = ap.parse_args()
-
-    work = Path(tempfile.mkdtemp(prefix="kcms-bench-"))
-    ca = trustme.CA()
-    (work / "client-ca.pem").write_bytes(ca.cert_pem.bytes())
-    me = ca.issue_cert("kcms-bench", common_name="kcms-bench", organization_name="system:masters")
-    kcms = [sys.executable, "-m", "kcms"]
-    sim = subprocess.Popen(
-        kcms
-        + [
-            "simulate",
-            "--nodes",
-            str(args.nodes),
-            "--pods-per-node",
-            str(args.pods_per_node),
-            "--containers-per-pod",
-            "2",
-            "--address-base",
-            args.address_base,
-            "--port",
-            str(args.port),
-            "--write-inventory",
-            str(work / "inventory.json"),
-            "--ca-out",
-            str(work / "kubelet-ca.pem"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    server = kube = None
+    ap.add_argument("--json", metavar="FILE", help="also write every figure here")
+    args = ap.parse_args()  # fmt: skip
     try:
-        wait_for_line(sim, "serving", 600)
-        # Nodes and pods come from a (fake) kube-apiserver by paged LIST + WATCH, as in a cluster.
-        kube = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("fake_kube_apiserver.py")),
-             str(work / "inventory.json"), str(work / "kubeconfig")],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        wait_for_line(kube, "ready", 600)
-        port = 18443
-        server = subprocess.Popen(
-            kcms
-            + [
-                "standalone",
-                "--kubeconfig",
-                str(work / "kubeconfig"),
-                "--kubelet-certificate-authority",
-                str(work / "kubelet-ca.pem"),
-                "--kubelet-preferred-address-types",
-                "InternalIP",
-                "--kubelet-port",
-                str(args.port),
-                "--metric-resolution",
-                f"{args.resolution}s",
-                "--secure-port",
-                str(port),
-                "--bind-address",
-                "127.0.0.1",
-                "--cert-dir",
-                str(work / "certs"),
-                "--client-ca-file",
-                str(work / "client-ca.pem"),
-                "--authentication-skip-lookup",
-                "-v",
-                "0",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(work / "kcms.log", "w"),
-        )
-        proc = psutil.Process(server.pid)
-        client = Client(f"https://127.0.0.1:{port}", ca, me)
-        t_start = time.monotonic()
-        while True:  # ready = metrics can be served
-            try:
-                status, _ = client.get("/readyz", timeout=5)
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit(f"kcms exited {server.returncode}; see {work / 'kcms.log'}")
-            if time.monotonic() - t_start > 300:
-                raise SystemExit("kcms did not become ready within 300 s")
-            time.sleep(0.2)
-        ready_after = time.monotonic() - t_start
-        rss_ready = proc.memory_info().rss
-        if os.environ.get("KCMS_BENCH_RSS_TIMELINE"):
-            for i in range(40):
-                print(f"t+{i}s rss {proc.memory_info().rss / 2**20:.1f} MiB", flush=True)
-                time.sleep(1)
+        sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"argument --nodes: not a comma-separated list of integers: {args.nodes!r}")
+    if not sizes or min(sizes) < 1:
+        ap.error("argument --nodes: every size must be at least 1")
+    if args.kcms_root and not (Path(args.kcms_root) / "kcms" / "__main__.py").is_file():
+        ap.error(f"argument --kcms-root: no kcms package in {args.kcms_root}")
+    if args.resolution < 10:
+        ap.error("argument --resolution: KCMS's --metric-resolution is at least 10 s")
 
-        def cycles() -> tuple[float, float]:
-            _, text = client.get("/metrics")
-            t = text.decode()
-            return (
-                metric_value(t, "kcms_scrape_cycle_duration_seconds_count"),
-                metric_value(t, "kcms_scrape_cycle_duration_seconds_sum"),
-            )
-
-        # Wait for a cycle boundary, then measure CPU over whole cycles with no queries. Polling
-        # /metrics costs the server CPU too, so we sleep through the cycles and poll only at the end.
-        n0, s0 = cycles()
-        while cycles()[0] == n0:
-            time.sleep(0.25)
-        n0, s0 = cycles()
-        cpu0 = cpu_seconds(proc)
-        time.sleep(args.cycles * args.resolution - 1.0)
-        while cycles()[0] < n0 + args.cycles:
-            time.sleep(0.25)
-        cpu1 = cpu_seconds(proc)
-        n1, s1 = cycles()
-        rss = proc.memory_info().rss
-        cycle_cpu = (cpu1 - cpu0) / (n1 - n0)
-        cycle_wall = (s1 - s0) / (n1 - n0)
-        millicores_per_node = cycle_cpu / args.resolution * 1000 / args.nodes
-
-        nodes_p50, nodes_p99, n_nodes = time_requests(
-            client, "/apis/metrics.k8s.io/v1beta1/nodes", args.requests
-        )
-        pods_p50, pods_p99, n_pods = time_requests(
-            client, "/apis/metrics.k8s.io/v1beta1/pods", max(3, args.requests // 4)
-        )
-        ns_p50, ns_p99, n_ns = time_requests(
-            client, "/apis/metrics.k8s.io/v1beta1/namespaces/team-a/pods", args.requests
-        )
-        rss_after = proc.memory_info().rss
-
-        print(
-            f"workload: {args.nodes} nodes x {args.pods_per_node} pods x 2 containers, "
-            f"resolution {args.resolution:g}s, KCMS process only"
-        )
-        print(f"ready after start:          {ready_after:8.2f} s")
-        print(f"scrape cycle wall time:     {cycle_wall:8.3f} s  (mean of {n1 - n0:.0f} cycles)")
-        print(f"CPU per cycle:              {cycle_cpu:8.3f} s")
-        print(
-            f"millicores per node:        {millicores_per_node:8.4f}   "
-            f"(metrics-server {REFERENCE['millicores_per_node']}; ratio "
-            f"{millicores_per_node / REFERENCE['millicores_per_node']:.2f}x)"
-        )
-        print(
-            f"RSS:                        {rss / 2**20:8.1f} MiB steady ({rss_ready / 2**20:.1f} when ready), "
-            f"{rss_after / 2**20:.1f} MiB after queries"
-        )
-        print(
-            f"RSS per node:               {rss / 1e6 / args.nodes:8.3f} MB   "
-            f"(metrics-server {REFERENCE['rss_mb_per_node']}; ratio "
-            f"{rss / 1e6 / args.nodes / REFERENCE['rss_mb_per_node']:.2f}x)"
-        )
-        print(
-            f"list all nodes ({n_nodes:5d}):      p50 {nodes_p50:8.1f} ms  p99 {nodes_p99:8.1f} ms  "
-            f"(metrics-server {REFERENCE['list_nodes_ms']} ms; ratio {nodes_p50 / REFERENCE['list_nodes_ms']:.2f}x)"
-        )
-        print(f"list all pods ({n_pods:6d}):      p50 {pods_p50:8.1f} ms  p99 {pods_p99:8.1f} ms")
-        print(f"list one namespace ({n_ns:5d}): p50 {ns_p50:8.1f} ms  p99 {ns_p99:8.1f} ms")
-    finally:
-        for p in (server, kube, sim):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    ca = trustme.CA()
+    results = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load = os.getloadavg()
+    version = code_version(args.kcms_root)
+    for n in sizes:
+        work = Path(tempfile.mkdtemp(prefix=f"kcms-bench-{n}-"))
+        r = Run(args, n, work, ca).run()
+        results.append(r)
+        print("\n".join(raw_lines(r)), flush=True)
+    print()
+    print("\n".join(reference_lines(sizes)))
+    table = markdown_table(results)
+    print()
+    print(
+        f"Measured {started} on {os.cpu_count()} cores, load average at start {load[0]:.2f}, "
+        f"KCMS at {version}; cells: KCMS / metrics-server (ratio):"
+    )
+    print()
+    print(table, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"started": started, "loadavg": load, "code": version, "args": vars(args), "results": results,
+             "table": table},
+            indent=1, default=str,
+        ))  # fmt: skip
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +38,83 @@ def test_series_object_quick_run_prints_every_operation_and_ratio() -> None:
     assert "ratio 10000/1000" in out.stdout
     for op in ("append", "append_block", "update", "push", "query", "query *", "provider", "gc half", "gc all"):
         assert any(ln.strip().startswith(op + " ") for ln in lines if ln.startswith("  ")), op
+
+
+def _resource_pipeline(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "resource_pipeline.py"), "--pods-per-node", "4",
+         "--resolution", "10", "--cycles", "1", "--load-cycles", "1", "--requests", "2", "--pod-requests", "2",
+         "--address-base", "127.62.0.1", *extra],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp_path: Path) -> None:
+    out = _resource_pipeline(tmp_path, "--nodes", "2,3", "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # one Markdown column per size, every row filled for each
+    table = [ln for ln in out.stdout.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| | 2 nodes | 3 nodes |", table[:2]
+    labels = [ln.split(" | ")[0].removeprefix("| ") for ln in table[1:]]
+    for row in ("CPU per node", "RSS per node", "time until 95 % of nodes", "time until 95 % of pods",
+                "list all nodes (Accept-Encoding gzip)", "list all pods (Accept-Encoding identity)",
+                "list all pods / socket-write floor (gzip)", "list all pods / socket-write floor (identity)",
+                "one namespace by label, the HPA's query (gzip)", "pods served at the end",
+                "while 2 clients list all pods: failed scrapes"):  # fmt: skip
+        assert any(label.startswith(row) for label in labels), (row, labels)
+    for ln in table[2:]:
+        cells = ln.strip("|").split(" | ")
+        assert len(cells) == 3 and all(c.strip() and c.strip() != "-" for c in cells[1:]), ln
+    assert "reference 2 nodes: none" in out.stdout
+
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [r["nodes"] for r in results] == [2, 3]
+    for r in results:
+        pods = r["nodes"] * 4
+        assert r["pods"] == pods
+        # every node and pod of the inventory is served, in both encodings, and after the load phase
+        for enc in ("gzip", "identity"):
+            assert r["lists"][enc]["nodes"]["items"] == r["nodes"], r["lists"][enc]
+            assert r["lists"][enc]["pods"]["items"] == pods, r["lists"][enc]
+            assert 0 <= r["lists"][enc]["hpa"]["items"] <= pods
+            # the floor server sent exactly the bytes KCMS sent for all pods
+            assert r["floor"][enc]["wire_bytes"] == r["lists"][enc]["pods"]["wire_bytes"] > 0
+            assert r["floor"][enc]["tls"][0] == r["tls"][0]
+        assert r["lists"]["identity"]["pods"]["content_encoding"] == ""
+        assert r["pods_served_pct"] == 100.0 and r["load"]["pods_served_pct_end"] == 100.0
+        assert r["load"]["lists"] > 0 and r["load"]["cycles"] >= 2
+        assert r["load"]["scrapes_failed"] + r["load"]["scrapes_succeeded"] >= r["nodes"] * 2
+        assert r["cpu_mc_per_node"] > 0 and r["rss_mb_per_node"] > 0 and r["processes"] >= 1
+        assert 0 < r["t95_nodes_s"] <= r["t95_pods_s"]
+
+
+def test_resource_pipeline_passes_kcms_args_and_stops_on_kcms_failure(tmp_path: Path) -> None:
+    out = _resource_pipeline(tmp_path, "--nodes", "2", "--kcms-arg=--no-such-flag")
+    assert out.returncode != 0
+    # KCMS got the argument, refused it, and the benchmark said so with KCMS's own message
+    assert "kcms exited" in out.stderr and "--no-such-flag" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import resource_report as rr
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert rr.reference(1000, "list_pods_ms") == 1636 and rr.reference(5000, "t95_nodes_s") == 44
+    assert math.isnan(rr.reference(7, "list_nodes_ms"))
+    for n in (50, 1000, 5000):
+        for key in ("cpu_mc_per_node", "rss_mb_per_node"):
+            runs = rr.KCMS_AT_ISSUE_RUNS[n][key]
+            if runs:  # metrics-server's figure = KCMS's at the issue / the issue's ratio
+                assert rr.reference(n, key) == statistics.median(runs) / rr.ISSUE_RATIOS[n][key]
+    r = {"nodes": 1000, "cpu_mc_per_node": 0.03, "rss_mb_per_node": 0.3, "t95_nodes_s": 12.05, "t95_pods_s": 13.0,
+         "pods_served_pct": 100.0,
+         "lists": {e: {"nodes": {"p50_ms": 14.0}, "pods": {"p50_ms": 818.0, "items": 30000, "wire_bytes": 9e6},
+                       "hpa": {"p50_ms": 18.5, "items": 690}} for e in ("gzip", "identity")},
+         "floor": {e: {"p50_ms": 100.0, "ratio": 8.18} for e in ("gzip", "identity")}}  # fmt: skip
+    table = rr.markdown_table([r])
+    assert "| time until 95 % of nodes are served | 12.1 / 24.1 s (0.50x) |" in table, table
+    assert "| list all pods (Accept-Encoding gzip) | 818 / 1 636 ms (0.50x), 30 000 pods, 9.0 MB |" in table, table
+    assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms) |" in table, table
