@@ -18,7 +18,7 @@ from kcms.apis.push import PushAPI, PushLimits
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
-from kcms.collector.scheduler import Collector
+from kcms.collector.workers import ScrapeLoop, scrape_loop
 from kcms.heap import HeapFreezer
 from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
@@ -65,7 +65,7 @@ class Pipeline:
     inventory: Inventory
     store: ResourceStore
     kubelets: KubeletClient
-    collector: Collector
+    collector: ScrapeLoop
     server: AggregatedAPIServer
     series: SeriesStore
     push: PushAPI
@@ -118,13 +118,14 @@ def build_pipeline(
         store.publish_stats()
         heap.after_cycle()
 
-    collector = Collector(
+    # --scrape-workers: in this process (0), in N child processes, or auto (kcms/collector/workers.py)
+    collector = scrape_loop(
+        getattr(args, "scrape_workers", 0),
         inventory,
         kubelets,
         store.store,
         resolution=resolution,
         timeout=min(0.9 * resolution, args.kubelet_request_timeout),
-        max_in_flight=kubelets.config.max_in_flight,
         node_filter=None if selector.empty else (lambda n: selector.matches(n.labels)),
         on_cycle=after_cycle,
     )
