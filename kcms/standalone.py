@@ -1,4 +1,5 @@
-"""`kcms standalone`: kubelet collector, resource store and API server in one process."""
+"""`kcms standalone`: kubelet collector, resource store and API server in one process (the kubelet
+scrapes optionally in child processes: ``--scrape-workers``, kcms/collector/scrapeloop.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kcms.apis.push import PushAPI, PushLimits
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
-from kcms.collector.workers import ScrapeLoop, scrape_loop
+from kcms.collector.scrapeloop import ScrapeLoop, scrape_loop
 from kcms.heap import HeapFreezer
 from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
@@ -118,7 +119,7 @@ def build_pipeline(
         store.publish_stats()
         heap.after_cycle()
 
-    # --scrape-workers: in this process (0), in N child processes, or auto (kcms/collector/workers.py)
+    # --scrape-workers: in this process (0), in N child processes, or auto (kcms/collector/scrapeloop.py)
     collector = scrape_loop(
         getattr(args, "scrape_workers", 0),
         inventory,

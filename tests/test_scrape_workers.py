@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY
 
 from kcms.cli import build_parser
 from kcms.collector.kubelet import KubeletClientConfig
+from kcms.collector.scrapeloop import AUTO_MIN_NODES, auto_workers
 from kcms.collector.workerproto import (
     HEADER,
     Batch,
@@ -35,7 +36,7 @@ from kcms.collector.workerproto import (
     FromWorker,
     frame,
 )
-from kcms.collector.workers import AUTO_MIN_NODES, ScrapeWorkers, auto_workers, shard_of
+from kcms.collector.workers import ScrapeWorkers, shard_of
 from kcms.kube.inventory import StaticInventory
 from kcms.model import NodeBatch, ResourcePoint
 from kcms.quantity import parse_quantity

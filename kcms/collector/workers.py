@@ -43,7 +43,7 @@ from prometheus_client import Counter, Gauge
 
 import kcms
 from kcms import limits
-from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
+from kcms.collector.kubelet import KubeletClientConfig
 from kcms.collector.scheduler import (
     CYCLE_DURATION,
     LAST_CYCLE,
@@ -73,11 +73,6 @@ from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# --scrape-workers auto: one worker once the first node list has this many nodes (after
-# --node-selector) and this process may run on 2 CPUs or more; else scraping stays in-process.
-# Below it a worker's ~30-40 MB of RSS would outweigh what it saves (at 50 nodes it would be more
-# than metrics-server's whole footprint) and one loop has time to spare.
-AUTO_MIN_NODES = 500
 MAX_WORKERS = 64
 FEED_INTERVAL = 1.0  # seconds between looks at the inventory (and the token) for changes
 STOP_GRACE = 5.0  # seconds a worker has to exit after its stdin closes, before it is killed
@@ -103,18 +98,6 @@ DROPPED_BATCHES = Counter(
 )
 for _reason in ("exited", "protocol", "stuck"):
     RESTARTS.labels(_reason)
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def auto_workers(nodes: int, cpus: int) -> int:
-    """What ``--scrape-workers auto`` means for a first node list of ``nodes`` on ``cpus`` CPUs."""
-    return 1 if nodes >= AUTO_MIN_NODES and cpus >= 2 else 0
 
 
 def shard_of(name: str, workers: int) -> int:
@@ -155,8 +138,8 @@ class _Worker:
         self.running = False  # a process is up and may send
         self.shard: list[WireNodeInfo] | None = None
         self.names: frozenset[str] = frozenset()
-        self.sent: list[WireNodeInfo] | None = None  # the shard the current process has
         self.spawned = 0.0  # monotonic
+        self.fed_at = 0.0  # monotonic time the current process got its first node list
         self.last_cycle_started = 0.0  # monotonic; of any of this slot's processes
 
     def send(self, msg) -> None:
@@ -319,8 +302,7 @@ class ScrapeWorkers:
             if shard != w.shard:
                 w.shard, w.names = shard, frozenset(n[0] for n in shard)
                 if w.running:
-                    w.send(Nodes(shard))
-                    w.sent = shard
+                    self._send_nodes(w)
 
     def _current_token(self) -> str | None:
         source = self.config.token_source
@@ -340,7 +322,7 @@ class ScrapeWorkers:
         now = time.monotonic()
         limit = 2 * self.resolution + self.timeout
         for w in self.workers:
-            if w.running and w.sent is not None and now - max(w.last_cycle_started, w.spawned) > limit:
+            if w.running and w.fed_at and now - max(w.last_cycle_started, w.fed_at) > limit:
                 log.error(
                     "scrape worker %d (pid %d) started no cycle for %.0fs; killing it", w.index, w.pid, limit
                 )
@@ -419,10 +401,14 @@ class ScrapeWorkers:
                 self.max_frame,
             )
         )
-        w.sent = None
+        w.fed_at = 0.0
         if self._wire is not None:  # else the feeder sends it once the inventory has synced
-            w.send(Nodes(w.shard or []))
-            w.sent = w.shard or []
+            self._send_nodes(w)
+
+    def _send_nodes(self, w: _Worker) -> None:
+        w.send(Nodes(w.shard or []))
+        if not w.fed_at:  # its first node list: from now on it must start cycles
+            w.fed_at = time.monotonic()
 
     # -- what the workers send ---------------------------------------------------------------
 
@@ -496,91 +482,3 @@ class ScrapeWorkers:
                 self.on_cycle()
             except Exception:
                 log.exception("after-cycle work failed")
-
-
-class AutoScrape:
-    """``--scrape-workers auto`` while the node list is not known yet: once the inventory has
-    synced, becomes :class:`ScrapeWorkers` with one worker or an in-process :class:`Collector`
-    (see :func:`auto_workers`) and delegates to it."""
-
-    def __init__(self, inventory: Inventory, choose: Callable[[], Collector | ScrapeWorkers]) -> None:
-        self.inventory = inventory
-        self._choose = choose
-        self.active: Collector | ScrapeWorkers | None = None
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="kcms-scrape-auto")
-
-    async def _run(self) -> None:
-        while not nodes_synced(self.inventory):  # noqa: ASYNC110
-            await asyncio.sleep(0.1)
-        self.active = self._choose()
-        self.active.start()
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        if self.active is not None:
-            await self.active.stop()
-
-    def healthy(self) -> tuple[bool, str]:
-        if self.active is not None:
-            return self.active.healthy()
-        if self._task is None or self._task.done():
-            return False, "scrape loop is not running"
-        return True, "waiting for the node list"
-
-    def missing_nodes(self, now: float | None = None) -> list[str]:
-        return [] if self.active is None else self.active.missing_nodes(now)
-
-    def missing_check(self) -> tuple[bool, str]:
-        return (True, "ok") if self.active is None else self.active.missing_check()
-
-
-ScrapeLoop = Collector | ScrapeWorkers | AutoScrape
-
-
-def scrape_loop(
-    workers: int | None,
-    inventory: Inventory,
-    kubelets: KubeletClient,
-    sink: Callable[[NodeBatch], None],
-    *,
-    resolution: float,
-    timeout: float,
-    node_filter: Callable[[NodeInfo], bool] | None = None,
-    on_cycle: Callable[[], None] | None = None,
-) -> ScrapeLoop:
-    """The scrape loop ``--scrape-workers`` asks for: ``workers`` None is ``auto``, decided now
-    if the inventory has synced already, else as soon as it has."""
-    max_in_flight = kubelets.config.max_in_flight
-
-    def build(n: int) -> Collector | ScrapeWorkers:
-        if n == 0:
-            return Collector(
-                inventory, kubelets, sink, resolution=resolution, timeout=timeout,
-                max_in_flight=max_in_flight, node_filter=node_filter, on_cycle=on_cycle,
-            )  # fmt: skip
-        return ScrapeWorkers(
-            inventory, kubelets.config, sink, workers=n, resolution=resolution, timeout=timeout,
-            max_in_flight=max_in_flight, node_filter=node_filter, on_cycle=on_cycle,
-        )  # fmt: skip
-
-    def choose() -> Collector | ScrapeWorkers:
-        nodes = sum(1 for n in inventory.nodes() if node_filter is None or node_filter(n))
-        cpus = usable_cpus()
-        n = auto_workers(nodes, cpus)
-        log.info(
-            "--scrape-workers auto: %d worker(s) for %d nodes on %d CPUs (a worker from %d nodes on 2+ CPUs)",
-            n, nodes, cpus, AUTO_MIN_NODES,
-        )  # fmt: skip
-        WORKERS.set(n)
-        return build(n)
-
-    if workers is not None:
-        WORKERS.set(workers)
-        return build(workers)
-    if nodes_synced(inventory):
-        return choose()
-    return AutoScrape(inventory, choose)
