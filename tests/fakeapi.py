@@ -9,7 +9,8 @@ appended to `lease_writes`), TokenReview and SubjectAccessReview.
         fake.upsert(make_node("n1"))
         fake.write_kubeconfig(tmp_path / "kubeconfig")
 
-Test controls: `expire_history()`, `send_bookmarks()`, `drop_watches()`, `stop()` / `start()` (same port).
+Test controls: `expire_history()`, `send_bookmarks()`, `drop_watches()`, `stop()` / `start()` (same port),
+`list_gates[plural] = asyncio.Event()` (LISTs of that resource wait until it is set).
 The object builders `make_node` and `make_pod` live in tests/fakeobjects.py and are re-exported here;
 `make_endpointslice` lives in tests/fakeobjects.py too.
 """
@@ -87,6 +88,20 @@ def _match_fields(reqs: list[tuple[str, bool, str]], obj: dict) -> bool:
     return all((_FIELDS[f](obj) == v) == eq for f, eq, v in reqs)
 
 
+def _as_metadata(request: web.Request, kind: str) -> bool:
+    """Whether the Accept header asks for ``kind`` (PartialObjectMetadata[List]) in JSON, as the
+    metadata client of client-go (and metrics-server) does."""
+    for media in request.headers.get("Accept", "").split(","):
+        parts = [p.strip() for p in media.split(";")]
+        if parts[0] == "application/json" and f"as={kind}" in parts and "g=meta.k8s.io" in parts:
+            return True
+    return False
+
+
+def _partial(obj: dict) -> dict:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+
+
 def status_body(code: int, reason: str, message: str, **details: Any) -> dict:
     """A metav1.Status failure object as the API server sends it."""
     body = {
@@ -142,6 +157,7 @@ class FakeKubeAPI:
         # (namespace, name, resourceVersion, holderIdentity, renewTime, leaseTransitions)
         self.lease_writes: list[tuple[str, str, str, str, str, int]] = []
         self.lease_write_delay = 0.0  # seconds a lease POST/PUT waits before it is applied (to force races)
+        self.list_gates: dict[str, asyncio.Event] = {}  # plural -> its LISTs wait until the event is set
         self.rv = 1
         self.history_floor = 1  # the oldest RV one may watch from; below it: 410 Expired
         self.history_limit = history_limit
@@ -322,7 +338,9 @@ class FakeKubeAPI:
                 return _status(400, "BadRequest", str(e))
             if query.get("watch") in ("1", "true"):
                 return await self._watch(request, plural, ns, query, fields)
-            return self._list(plural, ns, query, fields)
+            if (gate := self.list_gates.get(plural)) is not None:
+                await gate.wait()  # a test holds this resource's LISTs (e.g. a slow 150 000-pod list)
+            return self._list(plural, ns, query, fields, _as_metadata(request, "PartialObjectMetadataList"))
         if request.method in ("POST", "PUT") and plural == "leases":
             return await self._write_lease(request, ns, name)
         return _status(405, "MethodNotAllowed", f"method {request.method} not allowed on {plural}")
@@ -338,7 +356,7 @@ class FakeKubeAPI:
                 out.append(obj)
         return out
 
-    def _list(self, plural: str, ns: str, query: dict, fields: list) -> web.Response:
+    def _list(self, plural: str, ns: str, query: dict, fields: list, meta_only: bool = False) -> web.Response:
         prefix, kind, _ = RESOURCES[plural]
         meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
         start, snap = 0, ""
@@ -364,6 +382,8 @@ class FakeKubeAPI:
                 meta["remainingItemCount"] = len(items) - end
             items = items[start:end]
         body = {"kind": kind + "List", "apiVersion": _API_VERSION[prefix], "metadata": meta, "items": items}
+        if meta_only:
+            body.update(kind="PartialObjectMetadataList", apiVersion="meta.k8s.io/v1", items=[_partial(o) for o in items])
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     def _event_for(self, w: _Watcher, typ: str, old: dict | None, new: dict | None) -> dict | None:
@@ -390,6 +410,7 @@ class FakeKubeAPI:
             plural, ns, query.get("labelSelector", ""), fields, query.get("allowWatchBookmarks") == "true"
         )
         w.request = request
+        meta_only = _as_metadata(request, "PartialObjectMetadata")
         resp = web.StreamResponse(
             headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
         )
@@ -425,6 +446,8 @@ class FakeKubeAPI:
                     break
                 if ev is None:
                     return resp
+                if meta_only and ev["type"] != "ERROR":
+                    ev = {"type": ev["type"], "object": _partial(ev["object"])}
                 await resp.write(orjson.dumps(ev) + b"\n")
             await resp.write_eof()
         except (ConnectionError, RuntimeError):

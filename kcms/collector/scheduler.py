@@ -115,8 +115,9 @@ class Collector:
     # -- the loop ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        # The Inventory protocol offers only a has_synced() probe, so poll it.
-        while not self.inventory.has_synced():  # noqa: ASYNC110
+        # Scraping needs only the nodes: start as soon as they are listed, not after a 150 000-pod
+        # list. The Inventory protocol offers only a probe, so poll it.
+        while not self.inventory.nodes_synced():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         await self.run_cycle()
         await asyncio.sleep(FIRST_RESCRAPE_DELAY)

@@ -213,9 +213,13 @@ class KubeClient:
         return headers
 
     # ---- requests ---------------------------------------------------------------------------------
-    async def _request(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any) -> dict:
+    async def _request(
+        self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, accept: str = ""
+    ) -> bytes:
         data = orjson.dumps(body) if body is not None else None
-        extra = {"Content-Type": "application/json"} if data is not None else None
+        extra = {"Content-Type": "application/json"} if data is not None else {}
+        if accept:
+            extra["Accept"] = accept
         for attempt in (0, 1):
             await self._refresh_auth(force=attempt == 1)
             async with self._get_session().request(
@@ -232,26 +236,38 @@ class KubeClient:
                     continue  # credentials may have rotated: refresh once and retry
                 if resp.status >= 300:
                     raise _api_error(resp.status, raw)
-                return orjson.loads(raw)
+                return raw
         raise AssertionError("unreachable")
 
     async def get_json(self, path: str, params: Mapping[str, Any] | None = None) -> dict:
         """GET ``path`` (e.g. "/api/v1/nodes") and return the decoded JSON object."""
-        return await self._request("GET", path, params, None)
+        return orjson.loads(await self._request("GET", path, params, None))
+
+    async def get_raw(self, path: str, params: Mapping[str, Any] | None = None, *, accept: str = "") -> bytes:
+        """GET ``path`` and return the body undecoded (for typed decoders that skip what they do not
+        read); ``accept`` replaces the Accept header (e.g. PartialObjectMetadataList)."""
+        return await self._request("GET", path, params, None, accept)
 
     async def post_json(self, path: str, body: Any) -> dict:
         """POST a JSON body and return the decoded answer."""
-        return await self._request("POST", path, None, body)
+        return orjson.loads(await self._request("POST", path, None, body))
 
     async def put_json(self, path: str, body: Any) -> dict:
         """PUT a JSON body and return the decoded answer."""
-        return await self._request("PUT", path, None, body)
+        return orjson.loads(await self._request("PUT", path, None, body))
 
     async def watch_lines(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict]:
         """Open a watch on ``path`` and yield each decoded watch event ({"type": ..., "object": ...}).
 
         Ends when the server closes the stream normally; raises aiohttp errors when it is cut.
         """
+        async for line in self.watch_raw(path, params):
+            yield orjson.loads(line)
+
+    async def watch_raw(
+        self, path: str, params: Mapping[str, Any], *, accept: str = ""
+    ) -> AsyncIterator[bytes]:
+        """Open a watch on ``path`` and yield each watch event line undecoded (see watch_lines)."""
         await self._refresh_auth()
         params = dict(params)
         params["watch"] = "true"
@@ -262,7 +278,7 @@ class KubeClient:
         async with self._get_session().get(
             self.host + path,
             params=_clean_params(params),
-            headers=self._headers(),
+            headers=self._headers({"Accept": accept} if accept else None),
             timeout=timeout,
             server_hostname=self._tls_server_name,
         ) as resp:
@@ -275,9 +291,9 @@ class KubeClient:
                     line = bytes(buf[:i])
                     del buf[: i + 1]
                     if line.strip():
-                        yield orjson.loads(line)
+                        yield line
             if buf.strip():
-                yield orjson.loads(bytes(buf))
+                yield bytes(buf)
 
 
 def _check_file(kubeconfig: str) -> None:

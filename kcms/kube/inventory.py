@@ -1,14 +1,29 @@
 """Inventories (kcms.model.Inventory): which nodes and pods exist.
 
 - `KubeInventory`: list+watch caches of the Kubernetes API (nodes by the node selector, pods of all
-  namespaces). Like metrics-server, it keeps only pods that are not terminal: the pod informer uses the
-  field selector ``status.phase!=Succeeded,status.phase!=Failed``, so a pod that finishes leaves the
-  cache (the watch reports it as DELETED when it stops matching).
+  namespaces). Like metrics-server, it keeps only Running pods: the pod informer uses the field
+  selector ``status.phase=Running``, so a pod that is not Running (Pending, finished, Unknown) is not
+  listed, and one that stops running leaves the cache (the watch reports it as DELETED when it stops
+  matching). Nothing that reads pods needs the others: only Running pods have usage
+  (kcms/apis/metrics), an agent or a node push speaks for the pods running on its node
+  (kcms/nodescope.py, kcms/apis/nodebinding.py), and a custom-metrics label selection names objects
+  with metrics.
+
+  Pods are decoded from the raw LIST/WATCH bytes by typed msgspec Structs that read only the fields
+  kept (kcms/kube/objects.py), and stored namespace -> name -> PodInfo. With
+  ``pod_node_names=False`` pods are listed as metadata only (``PartialObjectMetadataList``, as
+  metrics-server does; ~30 % of the bytes of full pods): their ``node_name`` is "" then, which is
+  right only where nothing binds pods to nodes (no agent scraping, no node push).
+
+  ``start()`` lists nodes and pods at the same time. ``nodes_synced()`` is true once the nodes are
+  listed: that is all the kubelet scrape loop needs, so it starts before a 150 000-pod list is in;
+  ``has_synced()`` (readiness) waits for both.
 - `StaticInventory`: a fixed list of Node and Pod objects (a v1 List file), for simulations and demos.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,10 +31,11 @@ from typing import Any
 
 from kcms.kube.client import KubeClient
 from kcms.kube.informer import Informer
-from kcms.kube.objects import node_from_json, pod_from_json
+from kcms.kube.objects import NODE_WIRE, POD_META_WIRE, POD_WIRE, node_from_json, pod_from_json
 from kcms.model import NodeInfo, PodInfo
 
-NON_TERMINAL_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+RUNNING_PODS = "status.phase=Running"
+PAGE_SIZE = 500  # objects per LIST page (client-go's default)
 
 
 def _pod_key(p: PodInfo) -> tuple[str, str]:
@@ -30,20 +46,26 @@ def _node_key(n: NodeInfo) -> str:
     return n.name
 
 
-def _namespace(p: PodInfo) -> str:
-    return p.namespace
-
-
 class KubeInventory:
-    """Nodes (matching ``node_selector``) and non-terminal pods, kept current by list+watch."""
+    """Nodes (matching ``node_selector``) and Running pods, kept current by list+watch."""
 
-    def __init__(self, client: KubeClient, node_selector: str = "", *, watch_timeout: int = 300) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        node_selector: str = "",
+        *,
+        watch_timeout: int = 300,
+        pod_node_names: bool = True,
+        page_size: int = PAGE_SIZE,
+    ) -> None:
         self.node_informer: Informer[NodeInfo] = Informer(
             client,
             "/api/v1/nodes",
             node_from_json,
             _node_key,
             label_selector=node_selector,
+            wire=NODE_WIRE,
+            page_size=page_size,
             watch_timeout=watch_timeout,
         )
         self.pod_informer: Informer[PodInfo] = Informer(
@@ -51,19 +73,34 @@ class KubeInventory:
             "/api/v1/pods",
             pod_from_json,
             _pod_key,
-            field_selector=NON_TERMINAL_PODS,
-            index=_namespace,
+            field_selector=RUNNING_PODS,
+            wire=POD_WIRE if pod_node_names else POD_META_WIRE,
+            nested=True,
+            page_size=page_size,
             watch_timeout=watch_timeout,
         )
 
-    async def start(self) -> None:
-        """Start both caches; returns when both have their first list."""
-        await self.node_informer.start()
-        await self.pod_informer.start()
+    async def start(self, *, wait_for_pods: bool = True) -> None:
+        """Start both caches, listing at the same time; return when both have their first list, or
+        (``wait_for_pods=False``) as soon as the nodes have theirs, the pods following."""
+        pods = asyncio.ensure_future(self.pod_informer.start())
+        try:
+            await self.node_informer.start()
+        except BaseException:
+            pods.cancel()
+            raise
+        if wait_for_pods:
+            await pods
+        else:
+            pods.add_done_callback(_quiet)
 
     async def stop(self) -> None:
         await self.node_informer.stop()
         await self.pod_informer.stop()
+
+    def nodes_synced(self) -> bool:
+        """True once the nodes are listed (enough to scrape kubelets)."""
+        return self.node_informer.has_synced()
 
     def has_synced(self) -> bool:
         return self.node_informer.has_synced() and self.pod_informer.has_synced()
@@ -81,6 +118,12 @@ class KubeInventory:
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self.pod_informer.get((namespace, name))
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """Retrieve a background start's outcome (its loop keeps retrying by itself)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class StaticInventory:
@@ -118,6 +161,9 @@ class StaticInventory:
         return cls([o for d in docs for o in _flatten(d)])
 
     def has_synced(self) -> bool:
+        return True
+
+    def nodes_synced(self) -> bool:
         return True
 
     def nodes(self) -> Iterable[NodeInfo]:
