@@ -11,7 +11,8 @@ each; nodes with an image list: ~12 KiB), plus 2 % finished or pending pods that
 ``status.phase=Running`` field selector leaves out. Pods share their nested parts in memory (the
 wire bytes are the same), so 150 000 of them fit in this process.
 
-Prints "ready" once the kubeconfig is written. Then it reads commands on stdin, one per line:
+Prints "ready" once the kubeconfig is written. Then, in the second form only, it reads commands on
+stdin, one per line:
 
 - ``churn K``: relabel K Running pods (K watch MODIFIED events), then print ``done K``;
 - ``stats``: print one JSON line: bytes and requests served to LISTs and WATCH events sent.
@@ -329,7 +330,7 @@ async def _commands(fake: FakeKubeAPI, counts: _Counting) -> None:
             print(orjson.dumps(vars(counts)).decode(), flush=True)
 
 
-async def main(objects: list[dict], kubeconfig: str) -> None:
+async def main(objects: list[dict], kubeconfig: str, commands: bool = False) -> None:
     fake = FakeKubeAPI(trustme.CA(), history_limit=1_000_000)
     for obj in objects:
         fake.upsert(obj)
@@ -337,13 +338,14 @@ async def main(objects: list[dict], kubeconfig: str) -> None:
     async with fake:
         fake.write_kubeconfig(kubeconfig)
         print("ready", flush=True)
-        await _commands(fake, counts)
-        await asyncio.Event().wait()  # stdin closed (e.g. not a pipe): serve until killed
+        if commands and sys.stdin is not None:
+            await _commands(fake, counts)
+        await asyncio.Event().wait()  # serve until killed
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--realistic"]:
         objs = realistic_objects(int(sys.argv[2]), int(sys.argv[3]))
-        asyncio.run(main(objs, sys.argv[4]))
+        asyncio.run(main(objs, sys.argv[4], commands=True))
     else:
         asyncio.run(main(orjson.loads(Path(sys.argv[1]).read_bytes())["items"], sys.argv[2]))
