@@ -207,3 +207,26 @@ def test_dict_conversion_refuses_what_the_wire_decoder_skips():
         pod_from_json(_pod("list", metadata__labels=["a"]))
     p = pod_from_json(_pod("fine"))
     assert (p.namespace, p.name, p.node_name, p.phase) == ("evil", "fine", "n1", "Running")
+
+
+async def test_a_watch_event_beyond_the_line_bound_is_dropped_and_the_watch_goes_on(fake_kube, client, caplog):
+    from kcms.kube.client import MAX_WATCH_LINE
+
+    caplog.set_level(logging.WARNING, logger="kcms.kube")
+    fake_kube.upsert(make_node("n1"))
+    fake_kube.upsert(make_pod("good", "a", "n1"))
+    inv = KubeInventory(client)
+    await inv.start()
+    try:
+        await eventually(lambda: fake_kube.open_watches == 2)
+        huge = make_pod("evil", "huge", "n1")
+        huge["metadata"]["annotations"] = {"blob": "x" * (MAX_WATCH_LINE + 1024)}
+        fake_kube.upsert(huge)
+        fake_kube.upsert(make_pod("good", "b", "n1"))
+        await eventually(lambda: inv.pod("good", "b") is not None)
+        assert inv.pod("evil", "huge") is None and inv.pod_informer.relists == 1
+        assert inv.pod_informer.last_resource_version == str(fake_kube.rv)
+    finally:
+        await inv.stop()
+    assert any("skipped a watch event over" in r.getMessage() for r in caplog.records)
+    assert not any(r.exc_info for r in caplog.records)

@@ -21,6 +21,7 @@ from kubernetes_asyncio.config import ConfigException, load_incluster_config, lo
 log = logging.getLogger(__name__)
 
 _TOKEN_FILE_RELOAD = 60.0  # seconds between re-reads of a kubeconfig tokenFile
+MAX_WATCH_LINE = 16 << 20  # bytes of one watch event (etcd stores objects of at most 1.5 MiB)
 
 
 class KubeConfigError(Exception):
@@ -284,16 +285,38 @@ class KubeClient:
         ) as resp:
             if resp.status >= 300:
                 raise _api_error(resp.status, await resp.read())
-            buf = bytearray()
+            # Split each chunk at once (a chunk often holds many events); the unfinished tail waits
+            # in ``parts``, bounded: no Kubernetes object comes near MAX_WATCH_LINE.
+            # An event beyond that is dropped (to its end), not raised: a re-watch would meet it again.
+            parts: list[bytes] = []
+            pending = 0
+            skipping = False
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while (i := buf.find(b"\n")) >= 0:
-                    line = bytes(buf[:i])
-                    del buf[: i + 1]
-                    if line.strip():
+                if b"\n" not in chunk:
+                    if not skipping:
+                        parts.append(chunk)
+                        pending += len(chunk)
+                        if pending > MAX_WATCH_LINE:
+                            parts, pending, skipping = [], 0, True
+                    continue
+                if skipping:
+                    chunk = chunk[chunk.index(b"\n") + 1 :]
+                    skipping = False
+                    log.warning("%s: skipped a watch event over %d bytes", path, MAX_WATCH_LINE)
+                elif parts:
+                    parts.append(chunk)
+                    chunk = b"".join(parts)
+                lines = chunk.split(b"\n")
+                tail = lines.pop()
+                parts, pending = ([tail], len(tail)) if tail else ([], 0)
+                for line in lines:
+                    if len(line) > MAX_WATCH_LINE:
+                        log.warning("%s: skipped a watch event over %d bytes", path, MAX_WATCH_LINE)
+                    elif line and not line.isspace():
                         yield line
-            if buf.strip():
-                yield bytes(buf)
+            tail = b"".join(parts)
+            if tail.strip():
+                yield tail
 
 
 def _check_file(kubeconfig: str) -> None:
