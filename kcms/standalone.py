@@ -90,11 +90,10 @@ class Pipeline:
         await self.kubelets.close()
 
     async def _collect_series_garbage(self) -> None:
-        """Retention for custom series: a bounded slice of the store every second, so a pass over
-        a million series takes ~100 s and no single step holds the event loop for long."""
-        while True:
-            await asyncio.sleep(1.0)
-            self.series.collect_garbage(budget=10_000)
+        """Retention for custom series: bounded steps at a cadence that follows the store's size
+        (one every 30 s while it is small or empty, one a second at a million series); see
+        SeriesStore.gc_interval."""
+        await self.series.collect_garbage_forever()
 
 
 def build_pipeline(

@@ -18,6 +18,13 @@ Bounds:
   when it was the last series of its ``(resource, metric)``).
 * ``stale_after``: a series whose newest point is more than ``stale_after`` seconds old is not
   returned by queries (but kept until retention).
+* Cadence: :meth:`SeriesStore.collect_garbage_forever` (the loop every process runs) takes one step
+  of ``GC_BUDGET`` series every :meth:`SeriesStore.gc_interval` seconds, so that every series is
+  visited once per ``min(retention / 10, GC_MAX_INTERVAL)`` seconds but never more than one step a
+  second: one step every 30 s for up to 10 000 series at the default retention (was one a second
+  whatever the size: the loop woke up 86 400 times a day over an empty store), one a second from
+  300 000 series on (a pass over a million series still takes ~100 s). An expired point thus lives
+  at most ~30 s past the retention at default settings; queries never see it (they read by time).
 
 Index: ``metric -> resource -> namespace -> node``, where a node maps an object name (series
 without labels) or ``(name, labels)`` to the series' points; next to each namespace's node, the key
@@ -54,6 +61,7 @@ Not thread-safe: use it from one thread (the event loop).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 import time
@@ -65,7 +73,11 @@ from kcms.model import Labels, ObjectRef
 from kcms.selectors import LabelSelector
 from kcms.store.query import aggregate, counter_rate, counter_rates, readings, validate_metric_name
 
-__all__ = ["Result", "SeriesStore"]
+__all__ = ["GC_BUDGET", "GC_MAX_INTERVAL", "GC_MIN_INTERVAL", "Result", "SeriesStore"]
+
+GC_BUDGET = 10_000  # series visited by one garbage-collection step (bounds a step's duration)
+GC_MIN_INTERVAL = 1.0  # seconds: at most one step a second, whatever the size
+GC_MAX_INTERVAL = 30.0  # seconds: every series visited at least this often (and retention / 10)
 
 Sample = tuple[str, ObjectRef, Labels, float, float]
 
@@ -356,7 +368,23 @@ class SeriesStore:
 
     # ------------------------------------------------------------------ retention
 
-    def collect_garbage(self, now: float | None = None, budget: int = 10000) -> int:
+    def gc_interval(self, budget: int = GC_BUDGET) -> float:
+        """Seconds until the next garbage-collection step of ``budget`` series: a whole pass per
+        ``min(retention / 10, GC_MAX_INTERVAL)``, spread over the steps it needs, at most one step
+        per ``GC_MIN_INTERVAL``. Read again after every step, so the cadence follows the store's size."""
+        pass_seconds = min(self.retention / 10, GC_MAX_INTERVAL)
+        steps = max(1, -(-self._n_series // max(1, budget)))
+        return max(GC_MIN_INTERVAL, pass_seconds / steps)
+
+    async def collect_garbage_forever(self, budget: int = GC_BUDGET) -> None:
+        """Retention, forever (cancel to stop): a step of ``budget`` series every :meth:`gc_interval`
+        seconds, so no step holds the event loop for long and an idle store costs a wake-up every
+        30 s at the default retention rather than every second."""
+        while True:
+            await asyncio.sleep(self.gc_interval(budget))
+            self.collect_garbage(budget=budget)
+
+    def collect_garbage(self, now: float | None = None, budget: int = GC_BUDGET) -> int:
         """Drop points older than the retention from at most ``budget`` series; return points dropped.
 
         Each call resumes where the previous one stopped, so calling this often with a modest budget

@@ -1,0 +1,173 @@
+"""Fixed costs of `kcms standalone` in a small cluster: idle CPU and RSS, measured from outside.
+
+    python bench/fixed_costs.py --nodes 50 --seconds 120 [--repeat 2] [--hold 0]
+
+The simulator serves N kubelets (30 pods x 2 containers each) on 127.x addresses, the test
+suite's fake kube-apiserver serves their Nodes and Pods, and `kcms standalone` scrapes them every
+15 s, exactly as bench/resource_pipeline.py wires them. Once the process is ready and has done two
+scrape cycles, we measure its CPU seconds (user + system, psutil) over --seconds of idle running
+(no queries at all, not even /metrics) and its RSS (and USS: memory private to the process) at the
+end. Printed: millicores in total and per node, RSS/USS MiB, and, for comparison, metrics-server
+v0.9's figures from issue 9 (3.0x CPU and 1.5x RSS of it measured here before this work).
+
+--hold N keeps everything running N seconds after the measurement and prints the KCMS pid, for
+py-spy (`py-spy record -d 60 -p PID -o /tmp/x.svg`). Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import trustme
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise SystemExit(f"process exited with {proc.returncode} before printing {needle!r}")
+        if needle in line:
+            return
+    raise SystemExit(f"timed out waiting for {needle!r}")
+
+
+class Client:
+    """HTTPS with the benchmark's client certificate (kept apart from resource_pipeline.py's)."""
+
+    def __init__(self, base: str, cert: trustme.LeafCert) -> None:
+        self.base = base
+        self.ctx = ssl.create_default_context()
+        self.ctx.check_hostname = False
+        self.ctx.verify_mode = ssl.CERT_NONE
+        with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as f:
+            f.write(cert.private_key_and_cert_chain_pem.bytes())
+        self.ctx.load_cert_chain(f.name)
+
+    def get(self, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.base + path, context=self.ctx, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+
+def cpu_seconds(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--pods-per-node", type=int, default=30)
+    ap.add_argument("--resolution", type=float, default=15.0)
+    ap.add_argument("--seconds", type=float, default=120.0, help="idle measurement window (default 120)")
+    ap.add_argument("--repeat", type=int, default=1, help="measurement windows, one after another")
+    ap.add_argument("--hold", type=float, default=0.0, help="keep running this long after, for py-spy")
+    ap.add_argument("--address-base", default="127.60.0.1")
+    ap.add_argument("--port", type=int, default=10250)
+    ap.add_argument("--secure-port", type=int, default=18543)
+    ap.add_argument("--extra", default="", help="extra `kcms standalone` flags, space separated")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="kcms-fixed-"))
+    ca = trustme.CA()
+    (work / "client-ca.pem").write_bytes(ca.cert_pem.bytes())
+    me = ca.issue_cert("kcms-bench", common_name="kcms-bench", organization_name="system:masters")
+    kcms = [sys.executable, "-m", "kcms"]
+    # KCMS_BENCH_CPROFILE=FILE: run `kcms standalone` under cProfile (written when it stops);
+    # KCMS_BENCH_ENTRY=SCRIPT: run this script with the standalone arguments instead of `-m kcms`.
+    profiled = kcms
+    if os.environ.get("KCMS_BENCH_CPROFILE"):
+        profiled = kcms[:1] + ["-m", "cProfile", "-o", os.environ["KCMS_BENCH_CPROFILE"]] + kcms[1:]
+    elif os.environ.get("KCMS_BENCH_ENTRY"):
+        profiled = [sys.executable, os.environ["KCMS_BENCH_ENTRY"]]
+    sim = subprocess.Popen(
+        kcms + ["simulate", "--nodes", str(args.nodes), "--pods-per-node", str(args.pods_per_node),
+                "--containers-per-pod", "2", "--address-base", args.address_base,
+                "--port", str(args.port), "--write-inventory", str(work / "inventory.json"),
+                "--ca-out", str(work / "kubelet-ca.pem")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    server = kube = None
+    try:
+        wait_for_line(sim, "serving", 600)
+        kube = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("fake_kube_apiserver.py")),
+             str(work / "inventory.json"), str(work / "kubeconfig")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for_line(kube, "ready", 600)
+        t_start = time.monotonic()
+        server = subprocess.Popen(
+            profiled + ["standalone", "--kubeconfig", str(work / "kubeconfig"),
+                    "--kubelet-certificate-authority", str(work / "kubelet-ca.pem"),
+                    "--kubelet-preferred-address-types", "InternalIP", "--kubelet-port", str(args.port),
+                    "--metric-resolution", f"{args.resolution}s", "--secure-port", str(args.secure_port),
+                    "--bind-address", "127.0.0.1", "--cert-dir", str(work / "certs"),
+                    "--client-ca-file", str(work / "client-ca.pem"), "--authentication-skip-lookup",
+                    "-v", "0"] + args.extra.split(),
+            stdout=subprocess.DEVNULL, stderr=open(work / "kcms.log", "w"),
+        )  # fmt: skip
+        proc = psutil.Process(server.pid)
+        client = Client(f"https://127.0.0.1:{args.secure_port}", me)
+        while True:
+            try:
+                if client.get("/readyz", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"kcms exited {server.returncode}; see {work / 'kcms.log'}")
+            if time.monotonic() - t_start > 300:
+                raise SystemExit("kcms did not become ready within 300 s")
+            time.sleep(0.2)
+        ready_after = time.monotonic() - t_start
+        cpu_start = cpu_seconds(proc)
+        time.sleep(2 * args.resolution)  # two whole cycles of warm-up, no requests
+        print(f"workload: {args.nodes} nodes x {args.pods_per_node} pods x 2 containers, "
+              f"resolution {args.resolution:g}s; idle (no queries); KCMS pid {server.pid}")  # fmt: skip
+        print(f"ready after {ready_after:.2f} s; CPU to ready {cpu_start:.2f} s")
+        for i in range(args.repeat):
+            load0 = os.getloadavg()[0]
+            c0, t0 = cpu_seconds(proc), time.monotonic()
+            time.sleep(args.seconds)
+            c1, t1 = cpu_seconds(proc), time.monotonic()
+            mem = proc.memory_full_info()
+            mc = (c1 - c0) / (t1 - t0) * 1000
+            print(
+                f"window {i + 1}: {t1 - t0:.0f} s  CPU {c1 - c0:.2f} s = {mc:.1f} millicores "
+                f"({mc / args.nodes:.3f} per node)  RSS {mem.rss / 2**20:.1f} MiB "
+                f"({mem.rss / 1e6 / args.nodes:.3f} MB per node)  USS {mem.uss / 2**20:.1f} MiB  "
+                f"threads {proc.num_threads()}  load {load0:.2f}->{os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+        if args.hold > 0:
+            print(f"holding {args.hold:g} s: py-spy record -d 60 -p {server.pid}", flush=True)
+            time.sleep(args.hold)
+    finally:
+        for p in (server, kube, sim):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
