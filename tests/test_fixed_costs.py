@@ -4,16 +4,21 @@ and that retention and the commands still work without it.
 * The custom-series garbage collector's cadence follows the store's size (SeriesStore.gc_interval):
   an empty or small store is visited every min(retention / 10, 30 s), not every second; retention
   is still enforced, also on a store that was empty when the loop started.
+* `kcms <command>` builds only that command's flags: `kcms standalone` no longer imports the agent,
+  the simulator or the HA clients (nor, for `--help` or a bad flag, the Kubernetes client library).
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kcms.cli import COMMANDS, build_parser
 from kcms.model import ObjectRef
 from kcms.store.series import GC_MAX_INTERVAL, GC_MIN_INTERVAL, SeriesStore
 from kcms.tasks import cancel_and_wait
@@ -99,3 +104,76 @@ async def test_the_gc_loop_collects_a_store_that_becomes_non_empty():
     finally:
         await cancel_and_wait(task)
     assert task.cancelled()
+
+
+# ------------------------------------------------------------------ imports at start
+
+UNUSED_BY_STANDALONE = ("kcms.agent", "kcms.sim", "kcms.cli_ha", "kcms.demo")
+
+
+def _modules_after(code: str) -> tuple[set[str], str]:
+    """Run ``code`` in a fresh interpreter; the modules it left loaded and its stderr."""
+    script = code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split()), out.stderr
+
+
+def test_standalone_startup_does_not_import_other_commands_modules():
+    """The parse and the whole pipeline module of `kcms standalone`: no agent, simulator, HA client."""
+    modules, _ = _modules_after(
+        "from kcms.cli import build_parser\n"
+        "args = build_parser('standalone').parse_args(['standalone', '--metric-resolution', '15s'])\n"
+        "assert args.metric_resolution == 15.0 and args.command == 'standalone'\n"
+        "import kcms.standalone\n"
+    )
+    assert [m for m in modules if m.startswith(UNUSED_BY_STANDALONE)] == []
+    assert "kcms.standalone" in modules
+
+
+def test_standalone_help_and_bad_flags_load_no_kubernetes_client():
+    """`kcms standalone --help` and a refused flag answer without importing kubernetes_asyncio (it was
+    imported through the agent's flags), and still say what they said before."""
+    for argv, code, text in (
+        (["standalone", "--help"], 0, "--metric-resolution"),
+        (
+            ["standalone", "--metric-resolution", "5s"],
+            2,
+            "argument --metric-resolution: must be at least 10s",
+        ),
+    ):
+        modules, err = _modules_after(
+            "import contextlib, io, sys\n"
+            "from kcms.cli import main\n"
+            "buf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):\n"
+            "    try:\n"
+            f"        main({argv!r})\n"
+            "    except SystemExit as e:\n"
+            f"        assert e.code == {code}, (e.code, buf.getvalue())\n"
+            f"assert {text!r} in buf.getvalue(), buf.getvalue()\n"
+        )
+        assert not [m for m in modules if m.startswith(("kubernetes_asyncio", *UNUSED_BY_STANDALONE))], argv
+        assert "Traceback" not in err
+
+
+def test_each_command_still_gets_its_whole_parser():
+    """Every command parses its own flags as the full parser does; the full parser (no command)
+    still has every command's flags, and the top-level help lists every command."""
+    full = build_parser()
+    samples = {
+        "standalone": ["--metric-resolution", "20s", "--agent-selector", "app=a"],
+        "store": ["--series-retention", "5m"],
+        "collector": ["--kubelet-port", "1234"],
+        "server": ["--series-retention", "5m"],
+        "agent": ["--node-name", "n1"],
+        "simulate": ["--nodes", "7"],
+        "demo": ["--nodes", "2"],
+    }
+    assert set(samples) == set(COMMANDS)
+    for command, flags in samples.items():
+        one = vars(build_parser(command).parse_args([command, *flags]))
+        assert one == vars(full.parse_args([command, *flags])), command
+    top = full.format_help()
+    assert all(c in top for c in COMMANDS)
+    assert all(c in build_parser("standalone").format_help() for c in COMMANDS)
