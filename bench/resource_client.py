@@ -213,8 +213,15 @@ def read_scrapes(client: Client) -> Scrapes:
 def list_loop(
     host: str, port: int, cert_chain: str, path: str, encoding: str, stop: Any, results: Any
 ) -> None:
-    """Lists ``path`` until ``stop`` is set; puts (wall time sent, seconds, items, status) per list."""
-    client = Client(host, port, cert_chain)
+    """Lists ``path`` until ``stop`` is set; puts (wall time sent, seconds, items, status) per list,
+    then None (the reader must drain ``results`` meanwhile: a full pipe stops the process's exit)."""
+    try:
+        _list_until(Client(host, port, cert_chain), path, encoding, stop, results)
+    finally:
+        results.put(None)
+
+
+def _list_until(client: Client, path: str, encoding: str, stop: Any, results: Any) -> None:
     while not stop.is_set():
         sent = time.time()
         try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import multiprocessing.queues
 import os
 import queue
 import socket
@@ -319,6 +320,7 @@ class Run:
         for w in workers:
             w.start()
         lists: list[tuple] = []
+        done = 0  # clients that stopped
         # The phase starts once every client has sent its first list; whole cycles under load are
         # those that complete after the one in progress at that moment.
         time.sleep(1.0)
@@ -335,6 +337,7 @@ class Run:
                 log("load phase: cycles did not complete in time; ending it")
                 break
             time.sleep(0.5)
+            done += drain(results, lists)
             now = read_scrapes(self.client)
             if now.cycles > last.cycles:
                 durations.append((now.cycle_seconds - last.cycle_seconds) / (now.cycles - last.cycles))
@@ -343,15 +346,21 @@ class Run:
         stop.set()
         r = self.client.get(PODS_PATH, encoding="gzip")
         end_pct = served_pct(r.body, self.inventory)
+        # each client ends its list in progress, sends what it has and None
+        deadline = time.monotonic() + 300
+        while done < len(workers) and time.monotonic() < deadline:
+            try:
+                item = results.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if item is None:
+                done += 1
+            else:
+                lists.append(item)
         for w in workers:
             w.join(5)
             if w.is_alive():
                 w.terminate()
-        while True:
-            try:
-                lists.append(results.get_nowait())
-            except queue.Empty:
-                break
         ok = [x for x in lists if x[3] == 200]
         ms = [x[1] * 1000 for x in ok]
         delta = s1.delta(s0)
@@ -384,6 +393,20 @@ class Run:
         finally:
             self.stop()
         return self.r
+
+
+def drain(results: multiprocessing.queues.Queue, into: list[tuple]) -> int:
+    """Take what the list clients sent so far; the number of them that stopped (sent None)."""
+    stopped = 0
+    while True:
+        try:
+            item = results.get_nowait()
+        except queue.Empty:
+            return stopped
+        if item is None:
+            stopped += 1
+        else:
+            into.append(item)
 
 
 def raw_lines(r: dict) -> list[str]:
@@ -432,7 +455,7 @@ def code_version(root: str | None) -> str:
     """The commit the measured KCMS code is at, and whether kcms/ has changes not committed."""
     if root:
         return f"the kcms package in {root}"
-    repo = BENCH.parent
+    repo = Path.cwd()  # where `python -m kcms` imports it from
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
