@@ -11,7 +11,12 @@ end. Printed: millicores in total and per node, RSS/USS MiB, and, for comparison
 v0.9's figures from issue 9 (3.0x CPU and 1.5x RSS of it measured here before this work).
 
 --hold N keeps everything running N seconds after the measurement and prints the KCMS pid, for
-py-spy (`py-spy record -d 60 -p PID -o /tmp/x.svg`). Not a test: it asserts nothing.
+py-spy (`py-spy record -d 60 -p PID -o /tmp/x.svg`). KCMS_BENCH_CPROFILE=FILE runs it under cProfile.
+
+--per-scrape: no KCMS process; this process scrapes the simulator's kubelets with KCMS's own
+KubeletClient into a ResourceStore, cycle after cycle (one a second), and prints the CPU of one
+scrape and its parts: decode (kcms/sources/kubelet_decode.py), store, cyclic GC (gc.callbacks)
+and the rest (HTTP/TLS, asyncio). Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +73,72 @@ def cpu_seconds(p: psutil.Process) -> float:
     return t.user + t.system
 
 
+async def per_scrape(work: Path, rounds: int) -> None:
+    import asyncio
+    import gc
+
+    import kcms.collector.kubelet as kubelet
+    from kcms.heap import HeapFreezer
+    from kcms.kube.inventory import StaticInventory
+    from kcms.store.resource import ResourceStore
+
+    spent = {"decode": 0.0, "store": 0.0, "gc": 0.0, "collections": 0}
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.process_time()
+        else:
+            spent["gc"] += time.process_time() - started[0]
+            spent["collections"] += 1
+
+    def timed_decode(node: str, body: bytes):
+        t = time.process_time()
+        try:
+            return kubelet.decode_resource_metrics(node, body)
+        finally:
+            spent["decode"] += time.process_time() - t
+
+    nodes = list(StaticInventory.from_file(work / "inventory.json").nodes())
+    client = kubelet.KubeletClient(
+        kubelet.KubeletClientConfig(
+            ca_file=str(work / "kubelet-ca.pem"), preferred_address_types=("InternalIP",)
+        )
+    )
+    client._decode = timed_decode  # the same decoder, timed
+    store, heap = ResourceStore(15.0), HeapFreezer()
+
+    async def cycle() -> None:
+        client.start_cycle()
+        batches = await asyncio.gather(*(client.scrape(n) for n in nodes))
+        t = time.process_time()
+        for b in batches:
+            store.store(b)
+        spent["store"] += time.process_time() - t
+        heap.after_cycle()  # as kcms standalone does after each cycle
+
+    for _ in range(3):  # connections, first readings, rates
+        await cycle()
+        await asyncio.sleep(1.0)
+    spent.update(decode=0.0, store=0.0, gc=0.0, collections=0)
+    gc.callbacks.append(on_gc)
+    c0 = time.process_time()
+    for _ in range(rounds):
+        await cycle()
+        await asyncio.sleep(1.0)
+    total = time.process_time() - c0
+    gc.callbacks.remove(on_gc)
+    await client.close()
+    n = rounds * len(nodes)
+    rest = total - spent["decode"] - spent["store"]
+    print(
+        f"{n} scrapes of {len(nodes)} kubelets: {total / n * 1e6:.0f} us CPU per scrape = decode "
+        f"{spent['decode'] / n * 1e6:.0f} + store {spent['store'] / n * 1e6:.0f} + rest (HTTP, TLS, "
+        f"asyncio) {rest / n * 1e6:.0f}; of all that, cyclic GC {spent['gc'] / n * 1e6:.0f} "
+        f"({spent['collections'] / n:.2f} collections a scrape); load {os.getloadavg()[0]:.2f}"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=50)
@@ -80,6 +151,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=10250)
     ap.add_argument("--secure-port", type=int, default=18543)
     ap.add_argument("--extra", default="", help="extra `kcms standalone` flags, space separated")
+    ap.add_argument("--per-scrape", action="store_true", help="per-scrape CPU in this process (see above)")
+    ap.add_argument("--rounds", type=int, default=20, help="--per-scrape: cycles measured (default 20)")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kcms-fixed-"))
@@ -104,6 +177,11 @@ def main() -> int:
     server = kube = None
     try:
         wait_for_line(sim, "serving", 600)
+        if args.per_scrape:
+            import asyncio
+
+            asyncio.run(per_scrape(work, args.rounds))
+            return 0
         kube = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("fake_kube_apiserver.py")),
              str(work / "inventory.json"), str(work / "kubeconfig")],
