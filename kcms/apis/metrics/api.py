@@ -1,20 +1,35 @@
-"""metrics.k8s.io/v1beta1: NodeMetrics and PodMetrics over a ResourceStore and an Inventory."""
+"""metrics.k8s.io/v1beta1: NodeMetrics and PodMetrics over a ResourceStore and an Inventory.
+
+JSON lists are made of cached byte pieces and streamed when large (:mod:`.render`), so that
+listing every pod of a big cluster neither builds a dict per pod nor holds the event loop the
+collector shares. ``Table`` output and single objects are built as dicts
+(:mod:`.convert`); both paths give the same JSON.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 
 from kcms.apis.metrics import convert
 from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
+from kcms.apis.metrics.render import ListRenderer, list_response
 from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, not_found, respond
+from kcms.apiserver.responses import negotiate
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
-from kcms.selectors import SelectorError, parse_field_selector, parse_label_selector
+from kcms.selectors import (
+    FieldSelector,
+    LabelSelector,
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
 from kcms.store.cluster import QuorumError
-from kcms.store.resource import PodUsage, ResourceStore
+from kcms.store.resource import ResourceStore
 
 FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
@@ -61,15 +76,30 @@ POD_TABLE = TableConverter(
 )
 
 
+def _keep(labels: LabelSelector, fields: FieldSelector, namespaced: bool) -> Callable[[Any], bool] | None:
+    """The selector filter of a pod (``namespaced``) or a node; None when the selectors accept all."""
+    if labels.empty and fields.empty:
+        return None
+
+    def keep(obj: Any) -> bool:
+        if not labels.empty and not labels.matches(obj.labels):
+            return False
+        return fields.empty or fields.matches(
+            {"metadata.name": obj.name, "metadata.namespace": obj.namespace if namespaced else ""}
+        )
+
+    return keep
+
+
 class MetricsAPI:
-    """The request handlers over an inventory and a store (and a cache of rendered pod usage)."""
+    """The request handlers over an inventory and a store (and the pieces of rendered lists)."""
 
     def __init__(self, inventory: Inventory, store: ResourceStore) -> None:
         self.inventory = inventory
         self.store = store
-        # Rendered usage per pod, reused while the store hands out the same PodUsage (until the
-        # pod's node is scraped again): listing 30 000 pods then formats nothing twice.
-        self._rendered: dict[tuple[str, str], tuple[PodUsage, dict]] = {}
+        # Rendered JSON pieces per node and pod, reused while neither the object nor its usage
+        # changes: listing 150 000 pods then formats nothing twice.
+        self.renderer = ListRenderer(inventory)
 
     async def _view(self, kind: str, namespace: str | None, names: list[str] | None):
         """What to read usage from: the store itself, or (store replicas) a snapshot of the
@@ -81,14 +111,6 @@ class MetricsAPI:
             return await snapshot(kind, namespace, names)
         except QuorumError as e:
             raise StatusError(503, "ServiceUnavailable", str(e)) from None
-
-    def _pod_body(self, key: tuple[str, str], usage: PodUsage, fmt: convert.TimeFormatter) -> dict:
-        hit = self._rendered.get(key)
-        if hit is not None and hit[0] is usage:
-            return hit[1]
-        body = convert.pod_usage_body(usage, fmt)
-        self._rendered[key] = (usage, body)
-        return body
 
     def group_version(self) -> APIGroupVersion:
         return APIGroupVersion(
@@ -119,7 +141,7 @@ class MetricsAPI:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    async def list_nodes(self, request: web.Request) -> web.Response:
+    async def list_nodes(self, request: web.Request) -> web.StreamResponse:
         labels, fields = self._selectors(request)
         name = fields.required_value("metadata.name")
         if name is not None:
@@ -127,20 +149,19 @@ class MetricsAPI:
             nodes: Iterable[NodeInfo] = [one] if one is not None else []
         else:
             nodes = self.inventory.nodes()
-        items = []
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
-        fmt = convert.TimeFormatter()
         store = await self._view("nodes", None, None if name is None else [name])
-        usage_of = store.node_usage
+        keep = _keep(labels, fields, namespaced=False)
+        if negotiate(request.headers.get("Accept")).table_version is None:
+            chunks = self.renderer.nodes(nodes, store.node_usage, now, keep, created)
+            return await list_response(request, "NodeMetricsList", chunks)
+        items = []
+        fmt = convert.TimeFormatter()
         for node in nodes:
-            if not labels.empty and not labels.matches(node.labels):
+            if keep is not None and not keep(node):
                 continue
-            if not fields.empty and not fields.matches(
-                {"metadata.name": node.name, "metadata.namespace": ""}
-            ):
-                continue
-            usage = usage_of(node.name, now)
+            usage = store.node_usage(node.name, now)
             if usage is not None:
                 items.append(convert.node_metrics(node, usage, created, fmt))
         return respond(request, convert.object_list("NodeMetricsList", items), table=NODE_TABLE)
@@ -157,7 +178,7 @@ class MetricsAPI:
 
     # -- pods --------------------------------------------------------------------------------
 
-    async def list_pods(self, request: web.Request) -> web.Response:
+    async def list_pods(self, request: web.Request) -> web.StreamResponse:
         labels, fields = self._selectors(request)
         namespace = request.match_info.get("namespace") or fields.required_value("metadata.namespace")
         name = fields.required_value("metadata.name")
@@ -167,27 +188,21 @@ class MetricsAPI:
             pods = [one] if one is not None else []
         else:
             pods = self.inventory.pods(namespace)
-        items = []
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
-        fmt = convert.TimeFormatter()
         store = await self._view("pods", namespace, None if name is None or namespace is None else [name])
-        usage_of = store.pod_usage
-        if len(self._rendered) > 2 * store.stats_pods() + 1000:
-            self._rendered.clear()  # drop what deleted pods left behind
+        keep = _keep(labels, fields, namespaced=True)
+        if negotiate(request.headers.get("Accept")).table_version is None:
+            chunks = self.renderer.pods(pods, store.pod_usage, now, keep, created)
+            return await list_response(request, "PodMetricsList", chunks)
+        items = []
+        fmt = convert.TimeFormatter()
         for pod in pods:
-            if pod.phase != "Running":
+            if pod.phase != "Running" or (keep is not None and not keep(pod)):
                 continue
-            if not labels.empty and not labels.matches(pod.labels):
-                continue
-            if not fields.empty and not fields.matches(
-                {"metadata.name": pod.name, "metadata.namespace": pod.namespace}
-            ):
-                continue
-            usage = usage_of(pod.namespace, pod.name, now)
+            usage = store.pod_usage(pod.namespace, pod.name, now)
             if usage is not None:
-                body = self._pod_body((pod.namespace, pod.name), usage, fmt)
-                items.append(convert.pod_metrics(pod, body, created))
+                items.append(convert.pod_metrics(pod, convert.pod_usage_body(usage, fmt), created))
         return respond(request, convert.object_list("PodMetricsList", items), table=POD_TABLE)
 
     async def get_pod(self, request: web.Request) -> web.Response:
@@ -200,5 +215,5 @@ class MetricsAPI:
         if pod is None or usage is None:
             raise not_found(convert.GROUP, "podmetrics", name)
         fmt = convert.TimeFormatter()
-        obj = convert.pod_metrics(pod, self._pod_body((namespace, name), usage, fmt), fmt(time.time()))
+        obj = convert.pod_metrics(pod, convert.pod_usage_body(usage, fmt), fmt(time.time()))
         return respond(request, convert.single(obj, "PodMetrics"), table=POD_TABLE)

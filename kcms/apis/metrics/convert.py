@@ -15,6 +15,8 @@ VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 _UNITS = (("h", 3600 * 10**9), ("m", 60 * 10**9))
+_MAX_NS = 2**63 - 1  # Go's maxDuration
+_MIN_NS = -(2**63)
 
 
 def go_duration(seconds: float) -> str:
@@ -25,7 +27,10 @@ def go_duration(seconds: float) -> str:
     """
     if not math.isfinite(seconds):  # never from the stores (their timestamps are bounded); a 500 is worse
         seconds = 0.0
-    ns = round(seconds * 1e6) * 1000
+    if abs(seconds) > 1e10:  # beyond Go's Duration (int64 ns, ~292 years): saturated, as time.Sub does
+        ns = _MAX_NS if seconds > 0 else _MIN_NS
+    else:
+        ns = min(max(round(seconds * 1e6) * 1000, _MIN_NS), _MAX_NS)
     if ns == 0:
         return "0s"
     sign = "-" if ns < 0 else ""

@@ -1,0 +1,308 @@
+"""NodeMetricsList and PodMetricsList bodies made of cached JSON byte pieces, sent as they are made.
+
+Listing 150 000 pods by building a dict per pod and serializing the whole list kept the event loop
+busy for seconds. Here each item is three byte strings::
+
+    head     ,{"metadata":{"name":"web-1","namespace":"team-a","creationTimestamp":
+    created  "2026-05-01T10:00:00Z"                     (the request time, shared by all items)
+    body     ,"labels":{"app":"web"}},"timestamp":"...","window":"15s","containers":[...]}
+
+``head`` and the metadata part of ``body`` depend only on the object's metadata and are cached by
+the identity of its :class:`~kcms.model.PodInfo` / :class:`~kcms.model.NodeInfo` (the inventories
+never change one in place: a changed object is a new one); the usage part depends only on the
+readings and is cached by the identity of the store's :class:`~kcms.store.resource.PodUsage`
+(the same object until the pod's node is scraped again) or, for nodes, by the usage's values. A
+list is then a loop that filters, looks usage up and appends pieces.
+
+The output is byte for byte what ``orjson.dumps`` of :mod:`.convert`'s dicts gives (same keys,
+order, escaping): strings that could need escaping (names, labels, container names) go through
+``orjson.dumps``; the rest (timestamps, durations, quantities) are ASCII letters, digits and ``.:-``
+(and ``µ``, which orjson writes as UTF-8 too).
+
+The items are produced in chunks of :data:`SLICE`, handing the event loop back in between (the
+process also scrapes kubelets). A list of at most :data:`STREAM_BYTES` is joined and sent with a
+``Content-Length``; a larger one is streamed (chunked transfer encoding, gzip in a worker thread
+when accepted: :func:`kcms.apiserver.responses.stream_response`), so that rendering overlaps the
+socket and no whole 56 MB body is held. The caches are bounded: an entry whose object left the
+inventory is dropped by a sweep that runs when the cache has doubled since the last one
+(amortized constant work per entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from kcms.apis.metrics.convert import API_VERSION, TimeFormatter, go_duration
+from kcms.apiserver.responses import bytes_response_async, stream_response
+from kcms.model import Inventory, NodeInfo, PodInfo
+from kcms.quantity import format_bytes, format_cpu_nanocores
+from kcms.store.resource import PodUsage, Usage
+
+# Items rendered between two yields to the event loop (a few milliseconds of work), and the
+# pieces of one chunk of a streamed body (~750 KB of pods).
+SLICE = 2000
+# A list whose items exceed this many bytes is streamed (chunked) rather than joined and sent.
+STREAM_BYTES = 1 << 20
+# A sweep runs when the cache holds more than 2x the entries it kept at the last one, plus this.
+SWEEP_SLACK = 1000
+
+_POD_LIST_HEAD = (
+    b'{"kind":"PodMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
+)
+_NODE_LIST_HEAD = (
+    b'{"kind":"NodeMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
+)
+_LIST_TAIL = b"]}"
+
+_dumps = orjson.dumps
+
+
+def cpu_text(nanocores: int) -> str:
+    """``format_cpu_nanocores``, with its common case (not a multiple of ten: ``<n>n``) inline."""
+    return f"{nanocores}n" if nanocores % 10 else format_cpu_nanocores(nanocores)
+
+
+def memory_text(n: int) -> str:
+    """``format_bytes``, with its common cases inline: not a multiple of 1024 (plain digits), or a
+    multiple of 1024 but not of 1024² (``<n>Ki``; working sets are whole pages)."""
+    if n % 1024:
+        return str(n)
+    if n >= 1024 and (n >> 10) % 1024:
+        return f"{n >> 10}Ki"
+    return format_bytes(n)
+
+
+def _head(name: str, namespace: str) -> bytes:
+    """The start of an item, with the separator before it (removed from a list's first item)."""
+    ns = b',"namespace":' + _dumps(namespace) if namespace else b""
+    return b',{"metadata":{"name":' + _dumps(name) + ns + b',"creationTimestamp":'
+
+
+def _meta_tail(labels: dict[str, str]) -> bytes:
+    if labels:  # omitted when empty, as ObjectMeta's omitempty does
+        return b',"labels":' + _dumps(labels) + b"},"
+    return b"},"
+
+
+class _Texts:
+    """Memo of the JSON text of container names and of windows, bounded (names come from kubelets)."""
+
+    __slots__ = ("names", "windows")
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.windows: dict[float, str] = {}
+
+    def name(self, name: str) -> str:
+        text = self.names.get(name)
+        if text is None:
+            if len(self.names) > 4096:
+                self.names.clear()
+            text = self.names[name] = _dumps(name).decode()
+        return text
+
+    def window(self, seconds: float) -> str:
+        text = self.windows.get(seconds)
+        if text is None:
+            if len(self.windows) > 4096:
+                self.windows.clear()
+            text = self.windows[seconds] = go_duration(seconds)
+        return text
+
+
+def pod_usage_fragment(usage: PodUsage, texts: _Texts, fmt: TimeFormatter) -> bytes:
+    """``"timestamp":..,"window":..,"containers":[..]}`` - the rest of a PodMetrics after its metadata."""
+    containers = []
+    for name, u in usage.containers:
+        containers.append(
+            f'{{"name":{texts.name(name)},"usage":{{"cpu":"{cpu_text(u.cpu_nanocores)}",'
+            f'"memory":"{memory_text(u.memory)}"}}}}'
+        )
+    return (
+        f'"timestamp":"{fmt(usage.timestamp)}","window":"{texts.window(usage.window)}",'
+        f'"containers":[{",".join(containers)}]}}'
+    ).encode()
+
+
+def node_usage_fragment(usage: Usage, texts: _Texts, fmt: TimeFormatter) -> bytes:
+    """``"timestamp":..,"window":..,"usage":{..}}`` - the rest of a NodeMetrics after its metadata."""
+    return (
+        f'"timestamp":"{fmt(usage.timestamp)}","window":"{texts.window(usage.window)}",'
+        f'"usage":{{"cpu":"{cpu_text(usage.cpu_nanocores)}","memory":"{memory_text(usage.memory)}"}}}}'
+    ).encode()
+
+
+async def list_response(request: web.Request, kind: str, chunks: AsyncIterator[bytes]) -> web.StreamResponse:
+    """The ``<kind>`` list of the items in ``chunks``: joined and sent when small, streamed when not."""
+    head = _POD_LIST_HEAD if kind == "PodMetricsList" else _NODE_LIST_HEAD
+    parts = [head]
+    size = 0
+    async for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > STREAM_BYTES:
+            break
+    else:
+        parts.append(_LIST_TAIL)
+        return await bytes_response_async(request, b"".join(parts))
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            yield b"".join(parts)
+            async for chunk in chunks:
+                yield chunk
+            yield _LIST_TAIL
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    return await stream_response(request, rest())
+
+
+class ListRenderer:
+    """Pre-rendered pieces of every listed node and pod, and the list items made of them."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        # id(PodInfo) -> [pod, head, meta tail, usage, body]; the entry holds the PodInfo, so its id
+        # cannot be reused by another object while the entry exists.
+        self._pods: dict[int, list[Any]] = {}
+        # id(NodeInfo) -> [node, head, meta tail, (timestamp, window, cpu, memory), body]
+        self._nodes: dict[int, list[Any]] = {}
+        self._texts = _Texts()
+        self._pods_kept = 0
+        self._nodes_kept = 0
+        self._sweeping = False
+
+    def cached(self) -> tuple[int, int]:
+        """How many pod and node entries the caches hold."""
+        return len(self._pods), len(self._nodes)
+
+    async def pods(
+        self,
+        pods: Iterable[PodInfo],
+        usage_of: Callable[..., PodUsage | None],
+        now: float,
+        keep: Callable[[PodInfo], bool] | None,
+        created: str,
+    ) -> AsyncIterator[bytes]:
+        """The items (comma-separated JSON, in chunks of up to :data:`SLICE`) of the Running pods of
+        ``pods`` that ``keep`` accepts (all when None) and that have usage (``usage_of(namespace,
+        name, now)``)."""
+        pods = list(pods)  # a snapshot: the inventory may change while this yields
+        cache = self._pods
+        texts = self._texts
+        fmt = TimeFormatter()
+        created_json = _dumps(created)
+        first = True
+        for start in range(0, len(pods), SLICE):
+            if start:
+                await asyncio.sleep(0)
+            pieces: list[bytes] = []
+            append = pieces.append
+            for pod in pods[start : start + SLICE]:
+                if pod.phase != "Running":
+                    continue
+                if keep is not None and not keep(pod):
+                    continue
+                usage = usage_of(pod.namespace, pod.name, now)
+                if usage is None:
+                    continue
+                entry = cache.get(id(pod))
+                if entry is None:
+                    tail = _meta_tail(pod.labels)
+                    body = tail + pod_usage_fragment(usage, texts, fmt)
+                    entry = cache[id(pod)] = [pod, _head(pod.name, pod.namespace), tail, usage, body]
+                elif entry[3] is not usage:
+                    entry[3] = usage
+                    entry[4] = entry[2] + pod_usage_fragment(usage, texts, fmt)
+                append(entry[1])
+                append(created_json)
+                append(entry[4])
+            if pieces:
+                if first:
+                    pieces[0] = pieces[0][1:]  # no separator before the first item
+                    first = False
+                yield b"".join(pieces)
+        if len(cache) > 2 * self._pods_kept + SWEEP_SLACK:
+            await self._sweep_pods()
+
+    async def nodes(
+        self,
+        nodes: Iterable[NodeInfo],
+        usage_of: Callable[..., Usage | None],
+        now: float,
+        keep: Callable[[NodeInfo], bool] | None,
+        created: str,
+    ) -> AsyncIterator[bytes]:
+        """The items (in chunks) of ``nodes`` that ``keep`` accepts and that have usage."""
+        nodes = list(nodes)
+        cache = self._nodes
+        texts = self._texts
+        fmt = TimeFormatter()
+        created_json = _dumps(created)
+        first = True
+        for start in range(0, len(nodes), SLICE):
+            if start:
+                await asyncio.sleep(0)
+            pieces: list[bytes] = []
+            append = pieces.append
+            for node in nodes[start : start + SLICE]:
+                if keep is not None and not keep(node):
+                    continue
+                usage = usage_of(node.name, now)
+                if usage is None:
+                    continue
+                # node_usage computes a new Usage per call: compare the values instead.
+                values = (usage.timestamp, usage.window, usage.cpu_nanocores, usage.memory)
+                entry = cache.get(id(node))
+                if entry is None:
+                    tail = _meta_tail(node.labels)
+                    body = tail + node_usage_fragment(usage, texts, fmt)
+                    entry = cache[id(node)] = [node, _head(node.name, ""), tail, values, body]
+                elif entry[3] != values:
+                    entry[3] = values
+                    entry[4] = entry[2] + node_usage_fragment(usage, texts, fmt)
+                append(entry[1])
+                append(created_json)
+                append(entry[4])
+            if pieces:
+                if first:
+                    pieces[0] = pieces[0][1:]
+                    first = False
+                yield b"".join(pieces)
+        if len(cache) > 2 * self._nodes_kept + SWEEP_SLACK:
+            self._sweep_nodes()
+
+    async def _sweep_pods(self) -> None:
+        """Drop the entries of pods the inventory no longer holds (deleted, or replaced by a newer
+        object), in slices; concurrent requests may add entries meanwhile."""
+        if self._sweeping:
+            return
+        self._sweeping = True
+        try:
+            cache = self._pods
+            lookup = self.inventory.pod
+            items = list(cache.items())
+            for start in range(0, len(items), SLICE):
+                if start:
+                    await asyncio.sleep(0)
+                for key, entry in items[start : start + SLICE]:
+                    pod = entry[0]
+                    if lookup(pod.namespace, pod.name) is not pod and cache.get(key) is entry:
+                        del cache[key]
+            self._pods_kept = len(cache)
+        finally:
+            self._sweeping = False
+
+    def _sweep_nodes(self) -> None:
+        cache = self._nodes
+        lookup = self.inventory.node
+        for key, entry in list(cache.items()):
+            if lookup(entry[0].name) is not entry[0]:
+                del cache[key]
+        self._nodes_kept = len(cache)
