@@ -50,7 +50,7 @@ import orjson
 import psutil
 import trustme
 from resource_client import Client, Response, items_of, list_loop, read_scrapes, tree_cpu_seconds, tree_memory
-from resource_report import markdown_table, reference_lines
+from resource_report import guide_ratios, markdown_table, reference_lines
 
 BENCH = Path(__file__).resolve().parent
 NODES_PATH = "/apis/metrics.k8s.io/v1beta1/nodes"
@@ -421,6 +421,8 @@ def raw_lines(r: dict) -> list[str]:
         f"  CPU per cycle (process tree):        {r['cycle_cpu_s']:8.3f} s -> {r['cpu_mc_per_node']:.4f} millicores per node",
         f"  RSS (tree of {r['processes']} processes):        {r['rss_mb']:8.1f} MB = {r['rss_mb_per_node']:.3f} MB per node "
         f"(PSS {r['pss_mb']:.1f} MB; {r['rss_mb_at_start']:.1f} MB at 95 % pods, {r['rss_mb_after_lists']:.1f} after the lists)",
+        f"  per node against metrics-server's range in the developers' guide: CPU "
+        f"{guide_ratios('cpu_mc_per_node', r['cpu_mc_per_node'])} mcore, RSS {guide_ratios('rss_mb_per_node', r['rss_mb_per_node'])} MB",
         f"  scrape failures in the quiet cycles: {r['quiet_failures']['scrapes_failed']:g} {r['quiet_failures']['failures_by_reason']}",
         f"  TLS: {r['tls'][0]} {r['tls'][1]}; HPA query: {r['hpa_path']}",
     ]  # fmt: skip

@@ -37,13 +37,15 @@ ISSUE_RATIOS: dict[int, dict[str, float]] = {
     1000: {"cpu_mc_per_node": 0.75, "rss_mb_per_node": 0.80},
     5000: {"cpu_mc_per_node": 0.95, "rss_mb_per_node": 0.66},
 }
-# KCMS's own CPU (millicores per node, quiet whole cycles) and RSS (MB per node, process tree)
-# measured by this benchmark on the code issue 9 was filed against (commit 75468bb, `kcms
-# standalone` with default flags), on this 2-core machine; see /work/notes/I9-H4.md for the runs.
-# Filled by KCMS_AT_ISSUE_RUNS below; the figure used is the median of the runs.
+# KCMS's own CPU (millicores per node over 4 quiet whole cycles) and RSS (MB per node, process
+# tree) measured by this benchmark on the code issue 9 was filed against: commit 75468bb's kcms/
+# (`git archive 75468bb kcms | tar -x -C /tmp/h4-base`), `kcms standalone` with default flags,
+#   python3 bench/resource_pipeline.py --nodes N --kcms-root /tmp/h4-base
+# on this 2-core machine on 2026-11-23, load average 1.9-2.7 from other benchmarks running beside
+# (outputs: /work/notes/I9-H4-base-<N>-run<k>.txt). The figure used is the median of the runs.
 KCMS_AT_ISSUE_RUNS: dict[int, dict[str, list[float]]] = {
-    50: {"cpu_mc_per_node": [], "rss_mb_per_node": []},
-    1000: {"cpu_mc_per_node": [], "rss_mb_per_node": []},
+    50: {"cpu_mc_per_node": [0.0533, 0.0633], "rss_mb_per_node": [2.234, 2.227]},
+    1000: {"cpu_mc_per_node": [0.0532], "rss_mb_per_node": [0.385]},
     5000: {"cpu_mc_per_node": [], "rss_mb_per_node": []},
 }
 GUIDE = {"cpu_mc_per_node": (0.05, 0.09), "rss_mb_per_node": (0.39, 0.40)}
@@ -64,6 +66,12 @@ def reference(nodes: int, key: str) -> float:
         ratio = ISSUE_RATIOS.get(nodes, {}).get(key)
         return _median(runs) / ratio if runs and ratio else math.nan
     return ISSUE.get(nodes, {}).get(key, (math.nan, math.nan))[1]
+
+
+def guide_ratios(key: str, value: float) -> str:
+    """``value`` against the developers' guide's metrics-server range, e.g. '0.59-1.07x'."""
+    lo, hi = GUIDE[key]
+    return f"{_num(value / hi, 2)}-{_num(value / lo, 2)}x of the guide's {lo}-{hi}"
 
 
 def issue_kcms(nodes: int, key: str) -> float:
