@@ -90,11 +90,25 @@ async def collect(head: bytes, chunks) -> bytes:
     return head + b"".join([c async for c in chunks]) + b"]}"
 
 
-def rendered_pods(renderer, pods, usages, created, keep=None) -> bytes:
+def rendered_pods(renderer, pods, usages, created, keep=None, by_value=False) -> bytes:
     def usage_of(ns, name, now):
         return usages.get((ns, name))
 
-    return asyncio.run(collect(POD_HEAD, renderer.pods(pods, usage_of, 0.0, keep, created)))
+    return asyncio.run(
+        collect(POD_HEAD, renderer.pods(pods, usage_of, 0.0, keep, created, by_value=by_value))
+    )
+
+
+def copied(usages: dict, bump: int = 0) -> dict:
+    """New PodUsage objects with the same values (as a replica snapshot gives), or cpu + ``bump``."""
+    return {
+        k: PodUsage(
+            u.timestamp,
+            u.window,
+            [(c, dataclasses.replace(x, cpu_nanocores=x.cpu_nanocores + bump)) for c, x in u.containers],
+        )  # fmt: skip
+        for k, u in usages.items()
+    }
 
 
 # ---- property: byte for byte the dict path -------------------------------------------------------
@@ -141,6 +155,12 @@ def test_pod_fragments_are_the_dict_path_bytes(rows, selector, reruns):
         got = rendered_pods(renderer, pods, usages, created, keep)
         assert got == expected
         orjson.loads(got)
+    # replica snapshots: new objects every request, reused when equal, rendered again when not
+    assert rendered_pods(renderer, pods, copied(usages), created, keep, by_value=True) == expected
+    bumped = copied(usages, bump=1)
+    assert rendered_pods(renderer, pods, bumped, created, keep, by_value=True) == reference_pods(
+        pods, bumped, created, keep
+    )
 
 
 @settings(max_examples=100, deadline=None)

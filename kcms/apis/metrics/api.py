@@ -193,7 +193,8 @@ class MetricsAPI:
         store = await self._view("pods", namespace, None if name is None or namespace is None else [name])
         keep = _keep(labels, fields, namespaced=True)
         if negotiate(request.headers.get("Accept")).table_version is None:
-            chunks = self.renderer.pods(pods, store.pod_usage, now, keep, created)
+            snapshot = store is not self.store  # new usage objects per request: compare values
+            chunks = self.renderer.pods(pods, store.pod_usage, now, keep, created, by_value=snapshot)
             return await list_response(request, "PodMetricsList", chunks)
         items = []
         fmt = convert.TimeFormatter()

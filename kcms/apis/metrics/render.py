@@ -11,7 +11,8 @@ busy for seconds. Here each item is three byte strings::
 the identity of its :class:`~kcms.model.PodInfo` / :class:`~kcms.model.NodeInfo` (the inventories
 never change one in place: a changed object is a new one); the usage part depends only on the
 readings and is cached by the identity of the store's :class:`~kcms.store.resource.PodUsage`
-(the same object until the pod's node is scraped again) or, for nodes, by the usage's values. A
+(the same object until the pod's node is scraped again) or by the usage's values (nodes, whose
+usage is computed per call, and pods read from store replicas, a new snapshot per request). A
 list is then a loop that filters, looks usage up and appends pieces.
 
 The output is byte for byte what ``orjson.dumps`` of :mod:`.convert`'s dicts gives (same keys,
@@ -189,10 +190,12 @@ class ListRenderer:
         now: float,
         keep: Callable[[PodInfo], bool] | None,
         created: str,
+        by_value: bool = False,
     ) -> AsyncIterator[bytes]:
         """The items (comma-separated JSON, in chunks of up to :data:`SLICE`) of the Running pods of
         ``pods`` that ``keep`` accepts (all when None) and that have usage (``usage_of(namespace,
-        name, now)``)."""
+        name, now)``). ``by_value``: the usages are new objects on every request (a replica
+        snapshot), so a cached rendering is reused when the values are equal."""
         pods = list(pods)  # a snapshot: the inventory may change while this yields
         cache = self._pods
         texts = self._texts
@@ -218,8 +221,9 @@ class ListRenderer:
                     body = tail + pod_usage_fragment(usage, texts, fmt)
                     entry = cache[id(pod)] = [pod, _head(pod.name, pod.namespace), tail, usage, body]
                 elif entry[3] is not usage:
+                    if not (by_value and entry[3] == usage):
+                        entry[4] = entry[2] + pod_usage_fragment(usage, texts, fmt)
                     entry[3] = usage
-                    entry[4] = entry[2] + pod_usage_fragment(usage, texts, fmt)
                 append(entry[1])
                 append(created_json)
                 append(entry[4])
