@@ -285,6 +285,8 @@ class WireCodec(Generic[T]):
         _List = msgspec.defstruct(
             "_List", [("metadata", _ListMeta | None, None), ("items", list[wire_type] | None, None)]  # type: ignore[valid-type]
         )
+        _TypedEvent = msgspec.defstruct("_TypedEvent", [("type", str, ""), ("object", wire_type | None, None)])  # type: ignore[operator]
+        self._typed_event = msgspec.json.Decoder(_TypedEvent)  # one pass over the line when it decodes
         self._one = msgspec.json.Decoder(wire_type)
         self._page = msgspec.json.Decoder(_List)
         self._raw_page = msgspec.json.Decoder(_RawList)
@@ -348,6 +350,22 @@ class WireCodec(Generic[T]):
 
     def event(self, line: bytes) -> Event[T]:
         """Decode one WATCH line; raises ValueError if the line is not a watch event at all."""
+        try:
+            typed = self._typed_event.decode(line)
+        except msgspec.DecodeError:  # a wrong type somewhere, or not JSON: the careful way below
+            typed = None
+        if typed is not None and typed.type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+            w = typed.object
+            rv = w.metadata.resourceVersion if w is not None and w.metadata is not None else ""
+            rv = rv if len(rv) <= 64 else ""
+            if typed.type == "BOOKMARK":
+                return Event("BOOKMARK", resource_version=rv)
+            if w is None:
+                return Event(typed.type, None, Bad(INVALID, "no object", None, "?"), rv)
+            try:
+                return Event(typed.type, self._convert(w), None, rv)
+            except Skip as e:
+                return Event(typed.type, None, self._bad(e.reason, str(e), None, w), rv)
         try:
             ev = self._event.decode(line)
         except msgspec.DecodeError as e:
