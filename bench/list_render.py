@@ -22,6 +22,15 @@ process's CPU ms per request, and the longest stall of the server's event loop d
 request (a 1 ms ticker: what a kubelet scrape sharing the loop would have waited) with the longest
 cyclic garbage collection in it (``gc ms``: allocation-driven, not the handler's slicing). The heap is
 frozen after each scrape, as ``kcms standalone`` does (:mod:`kcms.heap`).
+
+Measured on the shared 2-core development machine (load 2-4), 150 000 pods, medians, before
+(dict per item, orjson of the list, gzip level 4 in the loop) -> after (cached byte pieces,
+streamed, gzip level 2 in a thread):
+    all pods JSON (56 MB)   2217 -> 411 ms; floor 257 ms (8.6x -> 1.6x); loop stall 2815 -> 7 ms
+    all pods gzip           1319 -> 653 ms; loop stall 2268 -> 14 ms
+    after a scrape (JSON)   6831 -> 4118 ms (store usage computation + GC passes over it)
+    nodes (5000)              53 -> 27 ms
+    HPA query (3318 pods)     80 -> 71 ms
 """
 
 from __future__ import annotations
