@@ -430,3 +430,27 @@ def test_window_beyond_go_duration_saturates_instead_of_failing_the_list():
     pods = [pod_info("ns", "p", {})]
     got = rendered_pods(render.ListRenderer(MutableInventory()), pods, {("ns", "p"): usage}, "x")
     assert orjson.loads(got)["items"][0]["window"] == "2562047h47m16.854775807s"
+
+
+def test_bench_list_render_runs_and_checks_its_item_counts():
+    """bench/list_render.py still runs (a tiny cluster; its figures are its own, nothing timed)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, str(repo / "bench" / "list_render.py"), "--nodes", "3", "--repeat", "1"],
+        capture_output=True, text=True, timeout=300, cwd=repo, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {
+        ln[:26].strip(): ln[26:].split()
+        for ln in out.stdout.splitlines()
+        if ln[:4] in ("pods", "node", "hpa:")
+    }
+    assert set(rows) == {
+        "pods", "pods gzip", "pods after a scrape", "pods gzip after a scrape", "nodes", "nodes gzip",
+        "hpa: team-a app=web",
+    }  # fmt: skip
+    assert int(rows["pods"][0]) == 90 and int(rows["nodes"][0]) == 3  # every item served
+    assert all(float(r[5]) > 0 for r in rows.values())  # the floor was measured
