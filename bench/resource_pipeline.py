@@ -238,6 +238,9 @@ class Run:
             rss_mb=rss / 1e6, pss_mb=pss / 1e6, processes=nproc, rss_mb_per_node=rss / 1e6 / self.nodes,
             quiet_failures=s1.delta(s0),
         )  # fmt: skip
+        log(
+            f"{self.nodes} nodes: {self.r['cpu_mc_per_node']:.4f} mcore and {self.r['rss_mb_per_node']:.3f} MB per node"
+        )
 
     # ---- 3. lists -------------------------------------------------------------------------------------
 
@@ -271,6 +274,8 @@ class Run:
         self.r["tls"] = self.client.tls()
         rss, _ = tree_memory(self.proc)
         self.r["rss_mb_after_lists"] = rss / 1e6
+        log(f"{self.nodes} nodes: lists (p50 ms) " + json.dumps({
+            e: {k: round(v["p50_ms"], 1) for k, v in f.items()} for e, f in self.r["lists"].items()}))  # fmt: skip
 
     # ---- 4. the socket-write floor --------------------------------------------------------------
 
@@ -532,6 +537,9 @@ def main() -> int:
         ap.error("argument --nodes: every size must be at least 1")
     if args.kcms_root and not (Path(args.kcms_root) / "kcms" / "__main__.py").is_file():
         ap.error(f"argument --kcms-root: no kcms package in {args.kcms_root}")
+    for flag in ("requests", "pod_requests", "cycles", "load_cycles"):
+        if getattr(args, flag) < 1:  # each figure needs one sample; fail now rather than after minutes
+            ap.error(f"argument --{flag.replace('_', '-')}: at least 1")
     if args.resolution < 10:
         ap.error("argument --resolution: KCMS's --metric-resolution is at least 10 s")
 
