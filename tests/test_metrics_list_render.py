@@ -454,3 +454,54 @@ def test_bench_list_render_runs_and_checks_its_item_counts():
     }  # fmt: skip
     assert int(rows["pods"][0]) == 90 and int(rows["nodes"][0]) == 3  # every item served
     assert all(float(r[5]) > 0 for r in rows.values())  # the floor was measured
+
+
+async def test_a_failure_mid_stream_cuts_the_connection_instead_of_splicing_a_status(ca, caplog):
+    """stream_response: once the status line is out, a producer failure truncates the body (the
+    client sees an error, never a second response inside the first) and the server keeps serving."""
+    from aiohttp import web
+
+    from kcms.apiserver.responses import stream_response
+
+    async def failing():
+        yield b'{"items":['
+        yield b"1," * 300_000
+        raise RuntimeError("producer broke")
+
+    async def fine():
+        yield b'{"items":['
+        yield b"1," * 300_000
+        yield b"1]}"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await stream_response(request, failing() if request.path == "/bad" else fine())
+
+    app = web.Application()
+    app.router.add_get("/bad", handler)
+    app.router.add_get("/good", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    cert = ca.issue_cert("127.0.0.1")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    caplog.set_level(logging.INFO)
+    try:
+        async with aiohttp.ClientSession() as s:
+            for gz in (False, True):
+                headers = {"Accept-Encoding": "gzip" if gz else "identity"}
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    async with s.get(f"https://127.0.0.1:{port}/bad", ssl=client_ctx, headers=headers) as r:
+                        assert r.status == 200
+                        await r.read()
+                async with s.get(f"https://127.0.0.1:{port}/good", ssl=client_ctx, headers=headers) as r:
+                    assert orjson.loads(await r.read()) == {"items": [1] * 300_001}
+                    assert r.headers.get("Content-Encoding", "") == ("gzip" if gz else "")
+    finally:
+        await runner.cleanup()
+    failures = [r for r in caplog.records if r.name == "kcms.apiserver.responses"]
+    assert len(failures) == 2 and all(r.getMessage() == "streaming '/bad' failed" for r in failures)

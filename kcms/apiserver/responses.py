@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from kcms.limits import printable
 from kcms.statusbody import status_object
 
 JSON = "application/json"
@@ -358,6 +360,14 @@ async def stream_response(
         await resp.write_eof()
     except ConnectionError:
         pass  # the client left mid-body: nothing to answer, no traceback (aiohttp logs the access)
+    except Exception:
+        if not resp.prepared:
+            raise  # nothing sent yet: the middleware answers with a Status
+        # The status line is out, so no Status can follow: cut the connection, so the client sees
+        # a truncated body rather than another response spliced into this one.
+        logging.getLogger(__name__).exception("streaming %s failed", printable(request.path))
+        if request.transport is not None:
+            request.transport.close()
     finally:
         if pending is not None:
             await asyncio.wait([pending])  # never leave the compressor in use by a thread
