@@ -3,7 +3,7 @@
 
 It runs the ordinary scrape loop (:class:`~kcms.collector.scheduler.Collector` over a
 :class:`~kcms.collector.kubelet.KubeletClient`) with its own timing, for the nodes the parent
-sends it, and streams every decoded :class:`~kcms.model.NodeBatch` back as soon as it has it,
+sends it, and streams every decoded :class:`~kcms.model.NodeBatch` back within 20 ms of decoding,
 plus a summary per cycle (frames: :mod:`kcms.collector.workerproto`). So a parent busy rendering
 a large list never delays a scrape or makes one time out: at worst batches wait in the pipe.
 
@@ -44,6 +44,8 @@ log = logging.getLogger("kcms.collector.worker")
 # (and counted): a parent stuck for a whole cycle at 5000 nodes leaves ~15 MB here.
 MAX_UNSENT_BYTES = 64 << 20
 PIPE_SIZE = 1 << 20  # asked of Linux for the pipe to the parent (F_SETPIPE_SZ), best effort
+FLUSH_DELAY = 0.02  # seconds a decoded batch may wait to be written with the next ones
+FLUSH_BYTES = 256 << 10  # ... or until this many bytes are waiting
 
 
 class PushedInventory:
@@ -92,18 +94,37 @@ class TimedKubeletClient(KubeletClient):
 
 
 class Reporter:
-    """Sends frames to the parent and tallies what the cycle summary reports."""
+    """Sends frames to the parent and tallies what the cycle summary reports.
+
+    Frames are gathered for up to :data:`FLUSH_DELAY` (or :data:`FLUSH_BYTES`) and written
+    together: one write, and one wake-up of the parent, for tens of batches instead of one each
+    (at 1000 nodes a wake-up per batch cost the parent ~0.1 s of CPU a cycle). A cycle's end
+    is written at once."""
 
     def __init__(self, out: asyncio.WriteTransport) -> None:
         self._out = out
+        self._pending = bytearray()
+        self._flush: asyncio.TimerHandle | None = None
         self.rejected: dict[str, int] = {}
         self.dropped = 0
 
-    def send(self, msg: Batch | CycleStart | CycleEnd) -> None:
-        self._out.write(frame(msg))
+    def send(self, msg: Batch | CycleStart | CycleEnd, now: bool = False) -> None:
+        self._pending += frame(msg)
+        if now or len(self._pending) >= FLUSH_BYTES:
+            self.flush()
+        elif self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(FLUSH_DELAY, self.flush)
+
+    def flush(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if self._pending:
+            self._out.write(bytes(self._pending))
+            self._pending.clear()
 
     def sink(self, batch: NodeBatch) -> None:
-        """The scrape loop's sink: the batch to the parent at once."""
+        """The scrape loop's sink: the batch to the parent (within FLUSH_DELAY)."""
         for reason, n in batch.rejected.items():
             self.rejected[reason] = self.rejected.get(reason, 0) + n
         if self._out.get_write_buffer_size() > MAX_UNSENT_BYTES:
@@ -137,7 +158,8 @@ class WorkerCollector(Collector):
                 self.failed,
                 rep.rejected,
                 rep.dropped,
-            )
+            ),
+            now=True,
         )
         rep.rejected, rep.dropped = {}, 0
         return failures
@@ -225,6 +247,7 @@ async def run_worker(in_fd: int, out_fd: int) -> int:
     finally:
         await collector.stop()
         await client.close()
+        reporter.flush()
         out.close()
 
 
