@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -176,6 +177,7 @@ class Informer(Generic[T]):
         params: dict[str, Any] = self._params()
         if self.page_size:
             params["limit"] = self.page_size
+        t0 = time.monotonic()
         items: dict[Hashable, Any] = {}
         count = 0
         bad: list[Bad] = []
@@ -212,7 +214,14 @@ class Informer(Generic[T]):
         self.relists += 1
         self._skipped(bad, "list")
         self._synced.set()
-        log.debug("%s: listed %d objects at resourceVersion %s", self.path, len(self), rv)
+        # one line per (re)list: how long the start waited for this resource
+        log.info(
+            "%s: listed %d objects in %.1fs at resourceVersion %s",
+            self.path,
+            len(self),
+            time.monotonic() - t0,
+            printable(rv, 40),
+        )
 
     def _convert_all(self, objects: Iterable[Any], bad: list[Bad]) -> list[T]:
         out = []
