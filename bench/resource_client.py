@@ -72,9 +72,11 @@ class Client:
         headers = {"Accept": "application/json", "Accept-Encoding": encoding}
         for attempt in (0, 1):
             if self.conn is None:
-                self.conn = http.client.HTTPSConnection(
-                    self.host, self.port, context=self.ctx, timeout=timeout or self.timeout
-                )
+                self.conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx)
+            # this request's timeout, not the one of the request that opened the connection
+            self.conn.timeout = timeout or self.timeout
+            if self.conn.sock is not None:
+                self.conn.sock.settimeout(self.conn.timeout)
             t0 = time.perf_counter()
             try:
                 self.conn.request("GET", path, headers=headers)
