@@ -18,13 +18,14 @@ Bounds:
   when it was the last series of its ``(resource, metric)``).
 * ``stale_after``: a series whose newest point is more than ``stale_after`` seconds old is not
   returned by queries (but kept until retention).
-* Cadence: :meth:`SeriesStore.collect_garbage_forever` (the loop every process runs) takes one step
+* Cadence: :meth:`SeriesStore.collect_garbage_forever` (the loop `kcms standalone` runs) takes one step
   of ``GC_BUDGET`` series every :meth:`SeriesStore.gc_interval` seconds, so that every series is
   visited once per ``min(retention / 10, GC_MAX_INTERVAL)`` seconds but never more than one step a
   second: one step every 30 s for up to 10 000 series at the default retention (was one a second
   whatever the size: the loop woke up 86 400 times a day over an empty store), one a second from
   300 000 series on (a pass over a million series still takes ~100 s). An expired point thus lives
-  at most ~30 s past the retention at default settings; queries never see it (they read by time).
+  at most one pass past the retention (30 s up to 300 000 series at the default retention, ~100 s
+  at a million, as before); queries never see it (they read by time).
 
 Index: ``metric -> resource -> namespace -> node``, where a node maps an object name (series
 without labels) or ``(name, labels)`` to the series' points; next to each namespace's node, the key
