@@ -230,3 +230,15 @@ async def test_a_watch_event_beyond_the_line_bound_is_dropped_and_the_watch_goes
         await inv.stop()
     assert any("skipped a watch event over" in r.getMessage() for r in caplog.records)
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_label_maps_are_shared_only_when_equal():
+    from kcms.kube.objects import shared_labels
+
+    a = shared_labels({"app": "web", "tier": "front"})
+    assert shared_labels({"tier": "front", "app": "web"}) is a  # another key order: the same map
+    assert shared_labels({"app": "web", "tier": "front"}) is a  # the fast path
+    b = shared_labels({"app": "web", "tier": "back"})
+    assert b is not a and b == {"app": "web", "tier": "back"} and a == {"app": "web", "tier": "front"}
+    assert shared_labels({"app": 5}) == {"app": "5"}  # dict path: values made strings, not shared wrongly
+    assert shared_labels({"app": "5"}) == {"app": "5"}

@@ -37,6 +37,7 @@ _intern = sys.intern
 _EMPTY: dict[str, str] = {}
 _LABEL_CACHE_MAX = 50_000
 _label_cache: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+_label_by_hash: dict[int, dict[str, str]] = {}  # hash of the items as received -> the shared map
 
 # The API server's own validation bounds (metadata.name: DNS subdomain, namespace: DNS label,
 # label key: optional DNS-subdomain prefix + "/" + 63-character name, label value: 63 characters);
@@ -68,12 +69,27 @@ def shared_labels(labels: dict[str, Any] | None) -> dict[str, str]:
     """Return a read-only label dict with interned strings, shared with every equal label map seen."""
     if not labels:
         return _EMPTY
+    # Fast path (~4× cheaper than interning and sorting): the API server writes label keys in one
+    # (sorted) order, so equal maps have equal item tuples; a hash hit is confirmed by equality.
+    try:
+        h = hash(tuple(labels.items()))
+    except TypeError:  # unhashable values (a malformed dict-path object): the slow path says more
+        h = None
+    if h is not None:
+        hit = _label_by_hash.get(h)
+        if hit is not None and hit == labels:
+            return hit
     key = tuple(sorted((_intern(str(k)), _intern(str(v))) for k, v in labels.items()))
     found = _label_cache.get(key)
     if found is None:
         if len(_label_cache) >= _LABEL_CACHE_MAX:
             _label_cache.clear()  # bounded: objects keep their dicts, only sharing restarts
+            _label_by_hash.clear()
         found = _label_cache[key] = dict(key)
+    if h is not None:
+        if len(_label_by_hash) >= 2 * _LABEL_CACHE_MAX:  # bounded too (orders may differ)
+            _label_by_hash.clear()
+        _label_by_hash[h] = found
     return found
 
 
