@@ -175,3 +175,16 @@ def reference_lines(sizes: list[int]) -> list[str]:
             )
         out.append(f"reference {n} nodes (metrics-server v0.9.0): " + "; ".join(parts))
     return out
+
+
+if __name__ == "__main__":
+    # python bench/resource_report.py RUN.json [RUN.json ...]: one table of every size in the
+    # --json outputs of bench/resource_pipeline.py, with this module's reference figures.
+    import json
+    import sys
+
+    results = [r for path in sys.argv[1:] for r in json.load(open(path))["results"]]
+    results.sort(key=lambda r: r["nodes"])
+    print("\n".join(reference_lines([r["nodes"] for r in results])))
+    print()
+    print(markdown_table(results))
