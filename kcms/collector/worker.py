@@ -36,6 +36,7 @@ from kcms.collector.workerproto import (
     ToWorker,
     frame,
 )
+from kcms.heap import HeapFreezer
 from kcms.model import NodeBatch, NodeInfo, PodInfo
 
 log = logging.getLogger("kcms.collector.worker")
@@ -226,6 +227,10 @@ async def run_worker(in_fd: int, out_fd: int) -> int:
         timeout=hello.timeout,
         max_in_flight=hello.max_in_flight,
         reporter=reporter,
+        # As in the serving process: without it, full collections re-scan the worker's heap (a
+        # kept-alive TLS connection per kubelet) over and over; measured at 5000 nodes, the
+        # process tree's CPU was 0.064 instead of 0.039 mcore per node.
+        on_cycle=HeapFreezer().after_cycle,
     )
     log.info("started: pid %d, worker %d of %d", os.getpid(), hello.worker, hello.workers)
     pending = first[1:]
