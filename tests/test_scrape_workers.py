@@ -512,3 +512,42 @@ def test_frames_are_bounded_and_typed():
         got += list(reader.feed(data[i : i + 1]))
     assert got == msgs and reader.buffered == 0
     assert CycleEnd  # the summary type is exercised by the hostile worker above
+
+
+async def test_auto_decides_once_the_nodes_are_listed(fake_kube):
+    """auto with the node list in: a worker at AUTO_MIN_NODES nodes (on 2+ CPUs), none below; with
+    the list not in yet: decided when the inventory has listed the nodes."""
+    from kcms.collector.kubelet import KubeletClient
+    from kcms.collector.scheduler import Collector
+    from kcms.collector.scrapeloop import AutoScrape, scrape_loop, usable_cpus
+    from kcms.kube.client import KubeClient
+    from kcms.kube.inventory import KubeInventory
+
+    client = KubeletClient(KubeletClientConfig())
+    store = ResourceStore(10.0)
+    big = SimulatedCluster(nodes=AUTO_MIN_NODES, pods_per_node=0, seed=2)
+    chosen = scrape_loop(
+        None, StaticInventory(big.inventory_objects()), client, store.store, resolution=10.0, timeout=2.0
+    )
+    assert isinstance(chosen, ScrapeWorkers if usable_cpus() >= 2 else Collector)
+    small = SimulatedCluster(nodes=3, pods_per_node=1, seed=2)
+    for obj in small.inventory_objects():
+        fake_kube.upsert(obj)
+    kube = await KubeClient.load(str(fake_kube.kubeconfig))
+    inventory = KubeInventory(kube)
+    auto = scrape_loop(None, inventory, client, store.store, resolution=10.0, timeout=2.0)
+    assert isinstance(auto, AutoScrape)
+    auto.start()
+    try:
+        assert auto.healthy() == (True, "waiting for the node list")
+        await inventory.start()
+        t0 = time.monotonic()
+        while auto.active is None:
+            assert time.monotonic() - t0 < WAIT
+            await asyncio.sleep(0.05)
+        assert isinstance(auto.active, Collector)  # 3 nodes: scraped in-process
+    finally:
+        await auto.stop()
+        await inventory.stop()
+        await kube.close()
+        await client.close()
