@@ -241,7 +241,8 @@ class ScrapeWorkers:
         w.transport = w.stdin = None
         w.running = False
         if w.pid:
-            WORKER_PID.remove(str(w.index))
+            with contextlib.suppress(KeyError):  # already removed
+                WORKER_PID.remove(str(w.index))
         w.pid = 0
 
     def healthy(self) -> tuple[bool, str]:
