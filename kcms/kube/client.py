@@ -1,4 +1,6 @@
-"""A slim Kubernetes API client: kubernetes_asyncio resolves the config, aiohttp + orjson do the requests.
+"""A slim Kubernetes API client: kcms.kube.kubeconfig reads the config (kubernetes_asyncio, imported only
+then, for what it does not handle: exec plugins, auth providers, basic auth, proxies, merged files),
+aiohttp + orjson do the requests.
 
 We never build kubernetes_asyncio model objects: responses stay plain dicts (and are converted to the
 small dataclasses of kcms.model by the callers), which keeps large inventories cheap.
@@ -7,7 +9,6 @@ small dataclasses of kcms.model by the callers), which keeps large inventories c
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -15,17 +16,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-from kubernetes_asyncio.client import Configuration
-from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+
+from kcms.kube.kubeconfig import KubeConfigError, NeedsLibrary, TokenFile, load_incluster, load_kubeconfig
 
 log = logging.getLogger(__name__)
 
 _TOKEN_FILE_RELOAD = 60.0  # seconds between re-reads of a kubeconfig tokenFile
 MAX_WATCH_LINE = 16 << 20  # bytes of one watch event (etcd stores objects of at most 1.5 MiB)
-
-
-class KubeConfigError(Exception):
-    """No usable Kubernetes client configuration."""
 
 
 class KubeAPIError(Exception):
@@ -65,8 +62,10 @@ class KubeClient:
         insecure: bool = False,
         authorization: str | None = None,
         tls_server_name: str | None = None,
-        configuration: Configuration | None = None,
+        configuration: Any = None,
         loader: Any = None,
+        token_file: TokenFile | None = None,
+        namespace: str | None = None,
         request_timeout: float = 30.0,
     ) -> None:
         self.host = host.rstrip("/")
@@ -79,6 +78,10 @@ class KubeClient:
         self._tls_server_name = tls_server_name
         self._configuration = configuration
         self._loader = loader
+        self._token_file = token_file  # kcms.kube.kubeconfig's rotating token (kubeconfig tokenFile, in-cluster)
+        if token_file is not None:
+            self._authorization = f"Bearer {token_file.token}"
+        self.namespace = namespace  # the context's / the service account's namespace, if any
         self._token_file_read = time.monotonic()
         self._session: aiohttp.ClientSession | None = None
         self._ssl = self._make_ssl_context()
@@ -86,24 +89,56 @@ class KubeClient:
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
     async def load(cls, kubeconfig: str | None, context: str | None = None) -> KubeClient:
-        """Load a kubeconfig file (or, with None, the in-cluster service account) and build a client."""
+        """Load a kubeconfig file (or, with None, the in-cluster service account) and build a client.
+
+        kcms.kube.kubeconfig reads it; what that does not handle goes to kubernetes_asyncio (see there).
+        """
+        where = f"--kubeconfig {kubeconfig!r}" if kubeconfig is not None else "in-cluster config"
+        try:
+            if kubeconfig is not None:
+                own = load_kubeconfig(kubeconfig, context)
+            else:
+                try:
+                    own = load_incluster()
+                except KubeConfigError as e:
+                    raise KubeConfigError(
+                        f"not running in a cluster ({e}); pass --kubeconfig PATH to reach a Kubernetes API server"
+                    ) from e
+        except NeedsLibrary as e:
+            log.info("%s: %s, loading it with kubernetes_asyncio", where, e)
+            return await cls._load_with_library(kubeconfig, context)
+        except KubeConfigError as e:
+            if kubeconfig is None:
+                raise
+            raise KubeConfigError(f"{where}: {e}") from e
+        try:
+            return cls(
+                own.host,
+                ca_file=own.ca_file,
+                cert_file=own.cert_file,
+                key_file=own.key_file,
+                insecure=own.insecure,
+                authorization=f"Bearer {own.token}" if own.token else None,
+                tls_server_name=own.tls_server_name,
+                token_file=own.token_file,
+                namespace=own.namespace,
+            )
+        except (ssl.SSLError, OSError, ValueError) as e:  # a CA or key pair the TLS layer refuses
+            raise KubeConfigError(f"{where}: unusable TLS certificate or key: {e}") from e
+
+    @classmethod
+    async def _load_with_library(cls, kubeconfig: str, context: str | None) -> KubeClient:
+        """The kubernetes_asyncio loader (exec plugins, auth providers, basic auth, proxies, merging)."""
+        from kubernetes_asyncio.client import Configuration
+        from kubernetes_asyncio.config import ConfigException, load_kube_config
+
         cfg = Configuration()
-        loader = None
-        if kubeconfig is not None:
-            _check_file(kubeconfig)
-            try:
-                loader = await load_kube_config(
-                    config_file=kubeconfig, context=context, client_configuration=cfg, persist_config=False
-                )
-            except (ConfigException, OSError, ValueError, KeyError, TypeError) as e:
-                raise KubeConfigError(f"--kubeconfig {kubeconfig!r}: {e}") from e
-        else:
-            try:
-                load_incluster_config(client_configuration=cfg)
-            except ConfigException as e:
-                raise KubeConfigError(
-                    f"not running in a cluster ({e}); pass --kubeconfig PATH to reach a Kubernetes API server"
-                ) from e
+        try:
+            loader = await load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=cfg, persist_config=False
+            )
+        except (ConfigException, OSError, ValueError, KeyError, TypeError) as e:
+            raise KubeConfigError(f"--kubeconfig {kubeconfig!r}: {e}") from e
         if getattr(cfg, "proxy", None):
             log.warning("kubeconfig proxy-url %s is ignored", cfg.proxy)
         return cls(
@@ -173,6 +208,9 @@ class KubeClient:
 
     def _refresh_files(self, force: bool = False) -> None:
         """Re-read rotating token files: the in-cluster service-account token, a kubeconfig tokenFile."""
+        if self._token_file is not None:
+            self._authorization = f"Bearer {self._token_file.current(force)}"
+            return
         cfg, loader = self._configuration, self._loader
         if cfg is not None and cfg.refresh_api_key_hook is not None:
             cfg.refresh_api_key_hook(cfg)  # kubernetes_asyncio's in-cluster hook is synchronous
@@ -233,7 +271,7 @@ class KubeClient:
                 server_hostname=self._tls_server_name,
             ) as resp:
                 raw = await resp.read()
-                if resp.status == 401 and attempt == 0 and self._loader is not None:
+                if resp.status == 401 and attempt == 0 and (self._loader or self._token_file) is not None:
                     continue  # credentials may have rotated: refresh once and retry
                 if resp.status >= 300:
                     raise _api_error(resp.status, raw)
@@ -317,11 +355,6 @@ class KubeClient:
             tail = b"".join(parts)
             if tail.strip():
                 yield tail
-
-
-def _check_file(kubeconfig: str) -> None:
-    if not os.path.isfile(kubeconfig):
-        raise KubeConfigError(f"--kubeconfig {kubeconfig!r}: no such file")
 
 
 def _clean_params(params: Mapping[str, Any] | None) -> dict[str, str] | None:
