@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS, HTTPError, KeepAlivePool
 from kcms.model import DecodeError, NodeBatch, NodeInfo
-from kcms.sources.kubelet_decode import decode_resource_metrics, decode_summary
+from kcms.sources.kubelet_decode import DecodeReuse, decode_resource_metrics, decode_summary
 
 DEFAULT_ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
 ADDRESS_TYPES = frozenset(DEFAULT_ADDRESS_TYPES)
@@ -90,7 +90,12 @@ class KubeletClient:
         self.config = config
         self._ssl = build_ssl_context(config)
         self._path = ENDPOINTS[config.endpoint]
-        self._decode = decode_resource_metrics if config.endpoint == "resource" else None
+        # What each node's last start-time block parsed to (bounded: nodes not scraped for a whole
+        # cycle are forgotten at start_cycle); the decoded batches are the same without it.
+        self.decode_reuse = DecodeReuse()
+        self._decode: Callable[[str, bytes], NodeBatch] | None = (
+            self._decode_resource if config.endpoint == "resource" else None
+        )
         self._headers = {
             "User-Agent": "kcms",
             "Accept": "text/plain" if config.endpoint == "resource" else "application/json",
@@ -104,6 +109,9 @@ class KubeletClient:
             max_headers=config.max_headers,
         )
         self._seen: set[tuple[str, int]] = set()  # endpoints scraped since the last cycle began
+
+    def _decode_resource(self, node: str, body: bytes) -> NodeBatch:
+        return decode_resource_metrics(node, body, reuse=self.decode_reuse)
 
     def refresh_credentials(self) -> None:
         """Pick up a rotated bearer token; the collector calls this at the start of every cycle."""
@@ -120,6 +128,7 @@ class KubeletClient:
         """Called by the collector before each cycle: fresh credentials, and the connections of
         kubelets not scraped in the last cycle (nodes gone) closed."""
         self.refresh_credentials()
+        self.decode_reuse.new_cycle()
         if self._seen:
             self._pool.forget(self._seen)
         self._seen = set()

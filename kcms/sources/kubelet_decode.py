@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from decimal import ROUND_HALF_EVEN, Context, Decimal
 from itertools import repeat
 from operator import mul, sub, truediv
@@ -63,12 +64,12 @@ from typing import Any
 
 from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
-from kcms.sources.bounds import screen_batch
+from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, point_problem, screen_batch
 from kcms.sources.exposition import utf8_lines
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 from kcms.sources.summary_decode import decode_summary as _decode_summary
 
-__all__ = ["DEFAULT_MAX_BYTES", "decode_resource_metrics", "decode_summary", "seconds_to_ns"]
+__all__ = ["DEFAULT_MAX_BYTES", "DecodeReuse", "decode_resource_metrics", "decode_summary", "seconds_to_ns"]
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 
@@ -126,6 +127,7 @@ class _Acc:
         "malformed",
         "rejected",
         "now",
+        "start_block",
     )
 
     def __init__(self, now: float) -> None:
@@ -140,11 +142,16 @@ class _Acc:
         self.malformed = 0
         self.rejected: dict[str, int] = {}
         self.now = now
+        # the start-time block whose parse was reused (its label columns are only read again if the
+        # three families do not line up, see DecodeReuse)
+        self.start_block: str | None = None
 
     def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
         """The family's table, with any fast-path columns merged in (first occurrence wins)."""
         table = self.tables[fam]
         cols = self.columns.pop(fam, None)
+        if cols is not None and cols[0] is None and self.start_block is not None:
+            cols = _fast_block(self.start_block, fam, self.now)  # a reused parse: the labels again
         if cols is not None:
             namespaces, pods, containers, values, times, _ = cols
             if fam == _CPU:
@@ -249,6 +256,99 @@ def _fast_block(block: str, fam: str, now: float) -> Columns | None:
     return namespaces, pods, containers, values, times, signature
 
 
+class DecodeReuse:
+    """Per-node memory of the ``container_start_time_seconds`` block, to skip re-reading it unchanged.
+
+    Start times change only when a container (re)starts, yet their block is a third of each decode.
+    For every node it decoded, this keeps the block's text (without its timestamps when one timestamp
+    is on all its lines) and what its fast-path parse gave (the start-time values and label
+    signature): ~11 kB for 60 containers. The next body of the *same node* reuses the parse when its
+    block is the same text (a kubelet: start times carry no timestamp, or their own start time), or
+    the same text but for one valid timestamp common to all its lines (the simulator, exporters that
+    stamp every line with the scrape time): the start-time values do not depend on timestamps, which
+    are only checked. Anything else (a restart, a new pod, a hostile or malformed block) is parsed
+    afresh exactly as without reuse; only the fast path's result is ever reused, so the decoded batch
+    and its rejection counts are identical with or without it (a property test checks this over
+    random sequences of bodies). Comparing costs ~0.3 us (same text) to ~5 us (a new timestamp), the
+    parse it saves ~35 us.
+
+    Bounded: entries live in two generations; :meth:`new_cycle` (the collector calls it once a
+    cycle, via ``KubeletClient.start_cycle``) drops nodes not decoded during the last whole cycle,
+    and a generation that reaches ``max_nodes`` rotates by itself. Keyed by node name: one node's
+    parse is never used for another node's body.
+    """
+
+    __slots__ = ("_current", "_previous", "max_nodes", "hits", "misses")
+
+    def __init__(self, max_nodes: int = 16384) -> None:
+        # node -> (timestamp length (0: the text as is), text without timestamps, lines, signature, values)
+        self._current: dict[str, tuple[int, str, int, str, array[float]]] = {}
+        self._previous: dict[str, tuple[int, str, int, str, array[float]]] = {}
+        self.max_nodes = max(1, max_nodes)
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._current) + sum(1 for n in self._previous if n not in self._current)
+
+    def new_cycle(self) -> None:
+        """Forget the nodes not decoded since the previous call (nodes gone, or failing)."""
+        self._previous = self._current
+        self._current = {}
+
+    def forget(self, node: str) -> None:
+        self._current.pop(node, None)
+        self._previous.pop(node, None)
+
+    def lookup(self, node: str, block: str) -> Columns | None:
+        """The start-time columns of ``block`` from ``node``'s last parse, if it is the same block."""
+        entry = self._current.get(node)
+        if entry is None:
+            entry = self._previous.get(node)
+            if entry is None:
+                self.misses += 1
+                return None
+        stamp, text, n, signature, values = entry
+        if stamp:
+            # every line must end in " T", T one valid timestamp (digits, no leading zero, as long
+            # as the cached block's, so at most 18 digits); then compare the text without them
+            t = block[-stamp:]
+            if block[-stamp - 1 : -stamp] == " " and t.isascii() and t.isdigit() and t[0] != "0":
+                norm = block[: -stamp - 1].replace(" " + t + "\n", "\n")
+                # n - 1 replacements plus the last line's: every line had it
+                same = len(norm) == len(block) - n * (stamp + 1) and norm == text
+            else:
+                same = False
+        else:
+            same = block == text
+        if not same:
+            self.misses += 1
+            return None
+        self.hits += 1
+        if node not in self._current:
+            self._put(node, entry)
+        return None, None, None, values.tolist(), None, signature
+
+    def remember(self, node: str, block: str, cols: Columns) -> None:
+        """Keep the fast-path parse ``cols`` of ``node``'s start-time ``block``."""
+        n = len(cols[3])
+        stamp = 0
+        text = block
+        # the last line's tokens after its labels: "}", V and, when the lines are stamped, T
+        tokens = block[block.rfind('"') + 1 :].split()
+        if len(tokens) == 3:
+            t = tokens[2]
+            norm = block[: -len(t) - 1].replace(" " + t + "\n", "\n")
+            if len(norm) == len(block) - n * (len(t) + 1):  # one timestamp on all lines
+                stamp, text = len(t), norm
+        self._put(node, (stamp, text, n, cols[5], array("d", cols[3])))
+
+    def _put(self, node: str, entry: tuple[int, str, int, str, array[float]]) -> None:
+        if len(self._current) >= self.max_nodes and node not in self._current:
+            self.new_cycle()
+        self._current[node] = entry
+
+
 def _slow_lines(text: str, acc: _Acc) -> None:
     """Decode lines one at a time with the strict general parser."""
     rejected = acc.rejected
@@ -330,11 +430,18 @@ def _slow_lines(text: str, acc: _Acc) -> None:
 
 
 def decode_resource_metrics(
-    node: str, body: bytes, *, now: float | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    node: str,
+    body: bytes,
+    *,
+    now: float | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    reuse: DecodeReuse | None = None,
 ) -> NodeBatch:
     """Decode a kubelet ``/metrics/resource`` body into a :class:`NodeBatch` (see the module docstring).
 
     ``now`` (seconds since the epoch, default ``time.time()``) is the timestamp of samples without one.
+    ``reuse``: the caller's :class:`DecodeReuse` (one per scraper), to skip re-reading an unchanged
+    start-time block; the result is the same with or without it.
     Raises :class:`DecodeError` for a response that cannot be used at all.
     """
     if not isinstance(body, (bytes, bytearray, memoryview)):
@@ -381,12 +488,23 @@ def decode_resource_metrics(
             pos = e
             continue
         block = text[s:e]
-        cols = None if acc.tables[fam] else _fast_block(block, fam, acc.now)
+        if acc.tables[fam]:
+            cols = None
+        elif fam == _START and reuse is not None:
+            cols = reuse.lookup(node, block)
+            if cols is not None:
+                acc.start_block = block
+            else:
+                cols = _fast_block(block, fam, acc.now)
+                if cols is not None:
+                    reuse.remember(node, block, cols)
+        else:
+            cols = _fast_block(block, fam, acc.now)
         if cols is None:
             _slow_lines(block, acc)
         else:
             acc.columns[fam] = cols
-            acc.recognised += len(cols[0])
+            acc.recognised += len(cols[3])
         pos = e
     else:
         if pos < len(text):
@@ -394,15 +512,19 @@ def decode_resource_metrics(
     return _assemble(node, acc)
 
 
-def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourcePoint]]) -> bool:
-    """Build the pods when the three families list the same series in the same order (the usual case)."""
+def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourcePoint]]) -> Columns | None:
+    """Build the pods when the three families list the same series in the same order (the usual case).
+
+    Returns the CPU columns the pods were built from (for :func:`_screened_aligned`), or None (and no pod)
+    when the general path must do it.
+    """
     cols = acc.columns
     if len(cols) != 3 or any(acc.tables.values()):
-        return False
+        return None
     cpu, mem, start = cols[_CPU], cols[_MEM], cols[_START]
     namespaces, names, containers, cpu_ns, times, signature = cpu
     if signature != mem[5] or signature != start[5]:
-        return False
+        return None
     memory = mem[3]
     points = list(map(ResourcePoint, start[3], times, cpu_ns, memory))
     for pk, c, point in zip(zip(namespaces, names, strict=True), containers, points, strict=True):
@@ -413,7 +535,7 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
             cs[c] = point
     if sum(map(len, pods.values())) != len(points):
         pods.clear()
-        return False  # a duplicate series: let the general path count it
+        return None  # a duplicate series: let the general path count it
     if 0 in cpu_ns or 0 in memory:
         zero_pods = {
             pk
@@ -424,7 +546,39 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
             del pods[pk]
         _bump(acc.rejected, "zero_value", len(zero_pods))
     cols.clear()
-    return True
+    return namespaces, names, containers, cpu_ns, times, memory  # type: ignore[return-value]
+
+
+def _screened_aligned(batch: NodeBatch, cols: Columns, latest: float) -> dict[str, int] | None:
+    """:func:`kcms.sources.bounds.screen_batch` for a batch built by :func:`_assemble_aligned`, a column
+    at a time: the counts if every container is within the bounds (then only the node point can be
+    refused), or None when some container may not be (the caller screens the batch point by point).
+
+    The fast path already made every value a finite number >= 0 and every timestamp positive (or
+    ``now``); what is left is the upper bounds and the name lengths (~4 us instead of ~10 for 60
+    containers). Zero-value pods were dropped before, as screen_batch sees them.
+    """
+    namespaces, names, containers, cpu_ns, times, memory = cols
+    if not cpu_ns:
+        return None
+    if not (
+        0 < min(times)
+        and max(times) <= latest
+        and max(cpu_ns) <= MAX_CPU_NS
+        and max(memory) <= MAX_MEMORY_BYTES  # type: ignore[type-var]
+        and max(map(len, containers)) <= MAX_NAME_LENGTH
+        and max(map(len, names)) <= MAX_NAME_LENGTH
+        and max(map(len, namespaces)) <= MAX_NAME_LENGTH
+    ):
+        return None
+    counts: dict[str, int] = {}
+    point = batch.node_point
+    if point is not None:
+        reason = point_problem(point, latest)
+        if reason is not None:
+            counts[reason] = 1
+            batch.node_point = None
+    return counts
 
 
 def _assemble(node: str, acc: _Acc) -> NodeBatch:
@@ -447,7 +601,8 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
         _bump(rejected, "incomplete_node")
 
     pods = batch.pods
-    if not _assemble_aligned(acc, pods):
+    aligned = _assemble_aligned(acc, pods)
+    if aligned is None:
         cpu, mem, start = acc.table(_CPU), acc.table(_MEM), acc.table(_START)
         zero_pods: set[tuple[str, str]] = set()
         incomplete = 0
@@ -474,7 +629,11 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
             _bump(rejected, "zero_value", len(zero_pods))
 
     # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
-    for reason, n in screen_batch(batch, limits.future_limit(max(time.time(), acc.now))).items():
+    latest = limits.future_limit(max(time.time(), acc.now))
+    counts = None if aligned is None else _screened_aligned(batch, aligned, latest)
+    if counts is None:
+        counts = screen_batch(batch, latest)
+    for reason, n in counts.items():
         _bump(rejected, reason, n)
     if acc.scrape_error is not None and acc.scrape_error != 0:
         if batch.node_point is None and not pods:
