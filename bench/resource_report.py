@@ -1,4 +1,4 @@
-"""metrics-server's reference figures for `bench/resource_pipeline.py`, and its Markdown table.
+"""metrics-server's reference figures for `bench/resource_pipeline.py`, and its raw lines and Markdown table.
 
 Where every reference figure comes from (sizes: nodes x 30 pods x 2 containers, 15 s resolution):
 
@@ -174,6 +174,50 @@ def reference_lines(sizes: list[int]) -> list[str]:
                 f"{key} {_num(reference(n, key), 1)} (KCMS at the issue {_num(issue_kcms(n, key), 1)})"
             )
         out.append(f"reference {n} nodes (metrics-server v0.9.0): " + "; ".join(parts))
+    return out
+
+
+def raw_lines(r: dict) -> list[str]:
+    n = r["nodes"]
+    out = [
+        f"== {n} nodes x {r['pods_per_node']} pods x 2 containers ({r['pods']} pods in the API), "
+        f"kcms standalone {' '.join(r['kcms_args'])}".rstrip(),
+        f"  ready (/readyz 200) after start:     {r['t_ready_s']:8.2f} s",
+        f"  95 % of nodes served after start:    {r['t95_nodes_s']:8.2f} s",
+        f"  95 % of pods served after start:     {r['t95_pods_s']:8.2f} s (the poll that saw it took {r['t95_pods_poll_s']:.2f} s)",
+        f"  scrape cycle wall time:              {r['cycle_wall_s']:8.3f} s (mean of {r['cycles']:g} quiet cycles)",
+        f"  CPU per cycle (process tree):        {r['cycle_cpu_s']:8.3f} s -> {r['cpu_mc_per_node']:.4f} millicores per node",
+        f"  RSS (tree of {r['processes']} processes):        {r['rss_mb']:8.1f} MB = {r['rss_mb_per_node']:.3f} MB per node "
+        f"(PSS {r['pss_mb']:.1f} MB; {r['rss_mb_at_start']:.1f} MB at 95 % pods, {r['rss_mb_after_lists']:.1f} after the lists)",
+        f"  per node against metrics-server's range in the developers' guide: CPU "
+        f"{guide_ratios('cpu_mc_per_node', r['cpu_mc_per_node'])} mcore, RSS {guide_ratios('rss_mb_per_node', r['rss_mb_per_node'])} MB",
+        f"  scrape failures in the quiet cycles: {r['quiet_failures']['scrapes_failed']:g} {r['quiet_failures']['failures_by_reason']}",
+        f"  TLS: {r['tls'][0]} {r['tls'][1]}; HPA query: {r['hpa_path']}",
+    ]  # fmt: skip
+    for enc, figs in r["lists"].items():
+        for what, f in figs.items():
+            out.append(
+                f"  list {what:5s} ({enc:8s}) {f['items']:7d} items: p50 {f['p50_ms']:9.1f} ms  p99 {f['p99_ms']:9.1f} ms  "
+                f"({f['n']} requests, {f['wire_bytes'] / 1e6:.2f} MB on the wire, {f['body_bytes'] / 1e6:.2f} MB body, "
+                f"Content-Encoding {f['content_encoding'] or 'identity'})"
+            )
+    for enc, f in r["floor"].items():
+        out.append(
+            f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
+            f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x"
+        )
+    if r.get("load"):
+        ld = r["load"]
+        out += [
+            f"  load: {ld['clients']} clients listing all pods (gzip) for {ld['cycles']:g} cycles: {ld['lists']} lists, "
+            f"p50 {ld['list_p50_ms']:.0f} ms, max {ld['list_max_ms']:.0f} ms, errors {ld['list_errors']}",
+            f"  load: scrapes failed {ld['scrapes_failed']:g} of {ld['scrapes_failed'] + ld['scrapes_succeeded']:g}, "
+            f"by reason {ld['failures_by_reason']}; nodes missing at the end {ld['nodes_missing_end']:g}",
+            f"  load: cycle durations {', '.join(f'{d:.3f}' for d in ld['cycle_seconds'])} s",
+            f"  load: fewest pods in a list {ld['min_items_pct']:.1f} %, pods served right after {ld['pods_served_pct_end']:.2f} %",
+        ]  # fmt: skip
+    out.append(f"  pods served at the end: {r['pods_served_pct']:.2f} % (before the load phase {r['pods_served_pct_before_load']:.2f} %); "
+               f"RSS after the load phase {r.get('rss_mb_after_load', float('nan')):.1f} MB")  # fmt: skip
     return out
 
 
