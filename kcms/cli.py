@@ -130,8 +130,8 @@ def add_scrape_worker_flags(p: argparse.ArgumentParser) -> None:
         help="processes that scrape kubelets, each for a share of the nodes, so that serving never "
         "delays a scrape and decoding runs on another core; 0: scrape in the serving process. "
         "auto (default): 1 when the first node list has 1000 nodes or more (after --node-selector) and "
-        "this process may run on 2 CPUs or more, else 0 (a worker costs ~30-40 MB of memory, too much "
-        "for a small cluster and a 200Mi limit)",
+        "this process may run on 4 CPUs or more, else 0 (a worker costs ~30-40 MB of memory, too much "
+        "for a small cluster, and on 2 CPUs it measured more CPU and no gain)",
     )
 
 

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from kcms.cli import build_parser
 from kcms.collector.kubelet import KubeletClientConfig
-from kcms.collector.scrapeloop import AUTO_MIN_NODES, auto_workers
+from kcms.collector.scrapeloop import AUTO_MIN_CPUS, AUTO_MIN_NODES, auto_workers
 from kcms.collector.workerproto import (
     HEADER,
     Batch,
@@ -367,16 +367,15 @@ def test_a_bad_scrape_workers_value_stops_startup_naming_the_flag(value):
     assert "argument --scrape-workers" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_auto_fits_small_clusters_and_uses_a_second_cpu_for_large_ones():
+def test_auto_fits_small_clusters_and_uses_a_spare_cpu_for_large_ones():
     assert build_parser().parse_args(["standalone"]).scrape_workers is None  # auto by default
     assert build_parser().parse_args(["standalone", "--scrape-workers", "0"]).scrape_workers == 0
     assert auto_workers(AUTO_MIN_NODES - 1, 8) == 0
-    assert auto_workers(AUTO_MIN_NODES, 2) == 1
-    assert auto_workers(5000, 1) == 0  # one CPU: a second process would only compete for it
-    assert (
-        f"{AUTO_MIN_NODES} nodes"
-        in build_parser()._subparsers._group_actions[0].choices["standalone"].format_help()
-    )  # type: ignore[union-attr]
+    assert auto_workers(AUTO_MIN_NODES, AUTO_MIN_CPUS) == 1
+    assert auto_workers(5000, AUTO_MIN_CPUS - 1) == 0  # no spare core: a worker would only compete
+    standalone = build_parser()._subparsers._group_actions[0].choices["standalone"]  # type: ignore[union-attr]
+    help_text = " ".join(standalone.format_help().split())  # whatever the terminal's width
+    assert f"{AUTO_MIN_NODES} nodes" in help_text and f"{AUTO_MIN_CPUS} CPUs or more" in help_text
     # the shard of a node is stable and spreads nodes over the workers
     names = [f"node-{i}" for i in range(1000)]
     counts = [sum(shard_of(n, 4) == w for n in names) for w in range(4)]
@@ -515,7 +514,7 @@ def test_frames_are_bounded_and_typed():
 
 
 async def test_auto_decides_once_the_nodes_are_listed(fake_kube):
-    """auto with the node list in: a worker at AUTO_MIN_NODES nodes (on 2+ CPUs), none below; with
+    """auto with the node list in: a worker at AUTO_MIN_NODES nodes (on AUTO_MIN_CPUS+ CPUs); with
     the list not in yet: decided when the inventory has listed the nodes."""
     from kcms.collector.kubelet import KubeletClient
     from kcms.collector.scheduler import Collector
@@ -529,7 +528,7 @@ async def test_auto_decides_once_the_nodes_are_listed(fake_kube):
     chosen = scrape_loop(
         None, StaticInventory(big.inventory_objects()), client, store.store, resolution=10.0, timeout=2.0
     )
-    assert isinstance(chosen, ScrapeWorkers if usable_cpus() >= 2 else Collector)
+    assert isinstance(chosen, ScrapeWorkers if usable_cpus() >= AUTO_MIN_CPUS else Collector)
     small = SimulatedCluster(nodes=3, pods_per_node=1, seed=2)
     for obj in small.inventory_objects():
         fake_kube.upsert(obj)

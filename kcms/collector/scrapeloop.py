@@ -21,14 +21,16 @@ from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# --scrape-workers auto: one worker once the first node list has this many nodes (after
-# --node-selector) and this process may run on 2 CPUs or more; else scraping stays in-process.
-# Measured (bench/resource_pipeline.py, 2 cores): at 1000 nodes one loop scrapes every node in
-# ~1 s and lost no scrape while clients listed all pods, so a worker bought nothing and cost
-# ~28 MB (39 MB RSS of its own); at 5000 nodes in-process scraping skipped 11 % of the scrapes
-# while clients listed 150 000 pods, and with a worker none. At 50 nodes a worker would be more
-# than metrics-server's whole footprint.
+# --scrape-workers auto: one worker once the first node list has AUTO_MIN_NODES nodes (after
+# --node-selector) and this process may run on AUTO_MIN_CPUS CPUs or more; else in-process.
+# Measured (bench/resource_pipeline.py on a 2-core machine that also runs the 5000 simulated
+# kubelets and the list clients): at 1000 nodes a worker bought nothing and cost ~28 MB (39 MB RSS
+# of its own); at 5000 nodes, against the current in-process loop, it cost 30-38 % more CPU and no
+# list or scrape got better, because there was no idle core for it. So on 2 or 3 CPUs: no worker.
+# With 4 or more a core is spare for it (not measured here: no such machine); at 50 nodes a
+# worker would be more than metrics-server's whole footprint.
 AUTO_MIN_NODES = 1000
+AUTO_MIN_CPUS = 4
 
 
 def usable_cpus() -> int:
@@ -40,7 +42,7 @@ def usable_cpus() -> int:
 
 def auto_workers(nodes: int, cpus: int) -> int:
     """What ``--scrape-workers auto`` means for a first node list of ``nodes`` on ``cpus`` CPUs."""
-    return 1 if nodes >= AUTO_MIN_NODES and cpus >= 2 else 0
+    return 1 if nodes >= AUTO_MIN_NODES and cpus >= AUTO_MIN_CPUS else 0
 
 
 class AutoScrape:
@@ -117,8 +119,8 @@ def scrape_loop(
         cpus = usable_cpus()
         n = auto_workers(nodes, cpus)
         log.info(
-            "--scrape-workers auto: %d worker(s) for %d nodes on %d CPUs (a worker from %d nodes on 2+ CPUs)",
-            n, nodes, cpus, AUTO_MIN_NODES,
+            "--scrape-workers auto: %d worker(s) for %d nodes on %d CPUs (a worker from %d nodes on %d+ CPUs)",
+            n, nodes, cpus, AUTO_MIN_NODES, AUTO_MIN_CPUS,
         )  # fmt: skip
         WORKERS.set(n)
         return build(n)
