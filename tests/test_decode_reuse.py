@@ -332,4 +332,8 @@ def test_the_column_screen_refuses_what_screen_batch_refuses(name: str) -> None:
     assert aligned.node_point is not None and len(aligned.pods) == 29
     fine = outcome("n1", good)
     assert isinstance(fine, NodeBatch) and fine == outcome("n1", _unaligned(good)) and len(fine.pods) == 30
-    assert outcome("n1", body, DecodeReuse()) == aligned
+    reuse = DecodeReuse()
+    for _ in range(2):  # parsed, then reused (the names checked when remembered): refused both times
+        assert outcome("n1", body, reuse) == aligned
+    assert reuse.hits == 1
+    assert outcome("n1", good, reuse) == fine and outcome("n1", body, reuse) == aligned

@@ -39,7 +39,13 @@ points are assembled by position. Any block that is not exactly in that layout (
 a bad value, a duplicate, ...) is read line by line with the strict general parser
 (:func:`kcms.sources.promtext.parse_sample_line`), which gives the same result for good lines and the
 per-sample rejections for bad ones (a property test checks both paths agree on mutated bodies).
-``pod_*`` blocks are skipped as a whole.
+``pod_*`` blocks are skipped as a whole. The bounds are checked a column at a time on that path (maxima
+and minima of the columns; point by point with :func:`kcms.sources.bounds.screen_batch` only if one is off).
+
+Across scrapes (:class:`DecodeReuse`, one per ``KubeletClient``): a node's ``container_start_time_seconds``
+block that is the same text as at its last scrape (or the same but for one timestamp common to all its
+lines) is not parsed again; its previous parse is used, with the same result. Bounded, per node, forgotten
+when the node is not scraped for a whole cycle.
 
 Measured with ``python bench/decode.py`` (2-core shared development machine, Python 3.11; body of 30 pods x
 2 containers, 259 lines, 243 samples, as the kubelet writes it; best of several runs):
@@ -49,7 +55,9 @@ Measured with ``python bench/decode.py`` (2-core shared development machine, Pyt
 * without timestamps: 132-137 us/body, ~0.52 us/line; prometheus_client ~3050 us (about 22x slower)
 * ``/stats/summary`` of the same size (50 kB JSON): ~144 us/body, of which ``orjson.loads`` ~92 us
 
-A plain line-by-line parser costs ~0.85 us per container line here (~250 us/body).
+A plain line-by-line parser costs ~0.85 us per container line here (~250 us/body). With the start-time
+block reused (the collector's case, ``bench/decode.py``'s last figure): ~125-135 us/body with timestamps,
+~125 without.
 """
 
 from __future__ import annotations
@@ -128,6 +136,7 @@ class _Acc:
         "rejected",
         "now",
         "start_block",
+        "names_checked",
     )
 
     def __init__(self, now: float) -> None:
@@ -145,6 +154,8 @@ class _Acc:
         # the start-time block whose parse was reused (its label columns are only read again if the
         # three families do not line up, see DecodeReuse)
         self.start_block: str | None = None
+        # the reused start-time block's names are all within MAX_NAME_LENGTH (checked when remembered)
+        self.names_checked = False
 
     def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
         """The family's table, with any fast-path columns merged in (first occurrence wins)."""
@@ -256,6 +267,9 @@ def _fast_block(block: str, fam: str, now: float) -> Columns | None:
     return namespaces, pods, containers, values, times, signature
 
 
+_Entry = tuple[int, str, int, str, "array[float]", bool]
+
+
 class DecodeReuse:
     """Per-node memory of the ``container_start_time_seconds`` block, to skip re-reading it unchanged.
 
@@ -281,9 +295,10 @@ class DecodeReuse:
     __slots__ = ("_current", "_previous", "max_nodes", "hits", "misses")
 
     def __init__(self, max_nodes: int = 16384) -> None:
-        # node -> (timestamp length (0: the text as is), text without timestamps, lines, signature, values)
-        self._current: dict[str, tuple[int, str, int, str, array[float]]] = {}
-        self._previous: dict[str, tuple[int, str, int, str, array[float]]] = {}
+        # node -> (timestamp length (0: the text as is), text without timestamps, lines, signature,
+        # values, every name within MAX_NAME_LENGTH)
+        self._current: dict[str, _Entry] = {}
+        self._previous: dict[str, _Entry] = {}
         self.max_nodes = max(1, max_nodes)
         self.hits = 0
         self.misses = 0
@@ -300,15 +315,16 @@ class DecodeReuse:
         self._current.pop(node, None)
         self._previous.pop(node, None)
 
-    def lookup(self, node: str, block: str) -> Columns | None:
-        """The start-time columns of ``block`` from ``node``'s last parse, if it is the same block."""
+    def lookup(self, node: str, block: str) -> tuple[Columns, bool] | None:
+        """The start-time columns of ``block`` from ``node``'s last parse if it is the same block, and
+        whether its names are all within MAX_NAME_LENGTH."""
         entry = self._current.get(node)
         if entry is None:
             entry = self._previous.get(node)
             if entry is None:
                 self.misses += 1
                 return None
-        stamp, text, n, signature, values = entry
+        stamp, text, n, signature, values, names_ok = entry
         if stamp:
             # every line must end in " T", T one valid timestamp (digits, no leading zero, as long
             # as the cached block's, so at most 18 digits); then compare the text without them
@@ -327,7 +343,7 @@ class DecodeReuse:
         self.hits += 1
         if node not in self._current:
             self._put(node, entry)
-        return None, None, None, values.tolist(), None, signature
+        return (None, None, None, values.tolist(), None, signature), names_ok
 
     def remember(self, node: str, block: str, cols: Columns) -> None:
         """Keep the fast-path parse ``cols`` of ``node``'s start-time ``block``."""
@@ -341,9 +357,12 @@ class DecodeReuse:
             norm = block[: -len(t) - 1].replace(" " + t + "\n", "\n")
             if len(norm) == len(block) - n * (len(t) + 1):  # one timestamp on all lines
                 stamp, text = len(t), norm
-        self._put(node, (stamp, text, n, cols[5], array("d", cols[3])))
+        names_ok = max(map(len, cols[0]), default=0) <= MAX_NAME_LENGTH
+        names_ok = names_ok and max(map(len, cols[1]), default=0) <= MAX_NAME_LENGTH
+        names_ok = names_ok and max(map(len, cols[2]), default=0) <= MAX_NAME_LENGTH
+        self._put(node, (stamp, text, n, cols[5], array("d", cols[3]), names_ok))
 
-    def _put(self, node: str, entry: tuple[int, str, int, str, array[float]]) -> None:
+    def _put(self, node: str, entry: _Entry) -> None:
         if len(self._current) >= self.max_nodes and node not in self._current:
             self.new_cycle()
         self._current[node] = entry
@@ -491,8 +510,9 @@ def decode_resource_metrics(
         if acc.tables[fam]:
             cols = None
         elif fam == _START and reuse is not None:
-            cols = reuse.lookup(node, block)
-            if cols is not None:
+            found = reuse.lookup(node, block)
+            if found is not None:
+                cols, acc.names_checked = found
                 acc.start_block = block
             else:
                 cols = _fast_block(block, fam, acc.now)
@@ -549,14 +569,17 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
     return namespaces, names, containers, cpu_ns, times, memory  # type: ignore[return-value]
 
 
-def _screened_aligned(batch: NodeBatch, cols: Columns, latest: float) -> dict[str, int] | None:
+def _screened_aligned(
+    batch: NodeBatch, cols: Columns, latest: float, names_checked: bool = False
+) -> dict[str, int] | None:
     """:func:`kcms.sources.bounds.screen_batch` for a batch built by :func:`_assemble_aligned`, a column
     at a time: the counts if every container is within the bounds (then only the node point can be
     refused), or None when some container may not be (the caller screens the batch point by point).
 
     The fast path already made every value a finite number >= 0 and every timestamp positive (or
     ``now``); what is left is the upper bounds and the name lengths (~4 us instead of ~10 for 60
-    containers). Zero-value pods were dropped before, as screen_batch sees them.
+    containers). Zero-value pods were dropped before, as screen_batch sees them. ``names_checked``: the
+    names are a reused start-time block's, already checked (the families line up: the same labels).
     """
     namespaces, names, containers, cpu_ns, times, memory = cols
     if not cpu_ns:
@@ -566,9 +589,9 @@ def _screened_aligned(batch: NodeBatch, cols: Columns, latest: float) -> dict[st
         and max(times) <= latest
         and max(cpu_ns) <= MAX_CPU_NS
         and max(memory) <= MAX_MEMORY_BYTES  # type: ignore[type-var]
-        and max(map(len, containers)) <= MAX_NAME_LENGTH
-        and max(map(len, names)) <= MAX_NAME_LENGTH
-        and max(map(len, namespaces)) <= MAX_NAME_LENGTH
+        and (names_checked or max(map(len, containers)) <= MAX_NAME_LENGTH)
+        and (names_checked or max(map(len, names)) <= MAX_NAME_LENGTH)
+        and (names_checked or max(map(len, namespaces)) <= MAX_NAME_LENGTH)
     ):
         return None
     counts: dict[str, int] = {}
@@ -630,7 +653,7 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
 
     # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
     latest = limits.future_limit(max(time.time(), acc.now))
-    counts = None if aligned is None else _screened_aligned(batch, aligned, latest)
+    counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked)
     if counts is None:
         counts = screen_batch(batch, latest)
     for reason, n in counts.items():
