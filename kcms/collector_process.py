@@ -199,7 +199,10 @@ async def run_collector(args: argparse.Namespace) -> int:
     if args.inventory_file:
         inventory = StaticInventory.from_file(args.inventory_file)
     else:
-        inventory = KubeInventory(kube, node_selector=args.node_selector)
+        # Node names of pods are needed only to bind agent samples to their node.
+        inventory = KubeInventory(
+            kube, node_selector=args.node_selector, pod_node_names=bool(args.agent_selector)
+        )
     members = await members_from_flags(args, kube)
     cluster = cluster_from_flags(args, members)
     process = CollectorProcess(
@@ -217,7 +220,7 @@ async def run_collector(args: argparse.Namespace) -> int:
     try:
         await members.start()
         if isinstance(inventory, KubeInventory):
-            await inventory.start()
+            await inventory.start(wait_for_pods=False)  # scraping needs only the nodes
         await process.start()
         log.info("collector health on http://%s:%d", args.health_bind_address, process.health_port)
         await stop.wait()

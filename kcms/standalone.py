@@ -237,7 +237,13 @@ async def kube_access(args: argparse.Namespace, need_kube: bool = False) -> Kube
     if args.inventory_file:
         inventory = StaticInventory.from_file(args.inventory_file)
     else:
-        inventory = KubeInventory(kube, node_selector=getattr(args, "node_selector", ""))
+        # Pods as metadata only (PartialObjectMetadata, as metrics-server lists them: ~3x fewer
+        # bytes and half the CPU of the first list at 150 000 pods) unless something binds pods to
+        # their node: agent scrapes (standalone --agent-selector) and node pushes (kcms server).
+        needs_node_names = bool(getattr(args, "agent_selector", "") or getattr(args, "active_standby", False))
+        inventory = KubeInventory(
+            kube, node_selector=getattr(args, "node_selector", ""), pod_node_names=needs_node_names
+        )
     authn = AuthnOptions(
         client_ca_file=args.client_ca_file,
         requestheader_client_ca_file=args.requestheader_client_ca_file,
@@ -274,7 +280,9 @@ async def run_standalone(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         if isinstance(inventory, KubeInventory):
-            await inventory.start()
+            # Scraping needs only the nodes: the first cycle starts while the pods are still being
+            # listed (readiness still waits for both).
+            await inventory.start(wait_for_pods=False)
         await pipeline.start()
         log.info("serving metrics.k8s.io on https://%s:%d", args.bind_address, pipeline.server.port)
         await stop.wait()
