@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+from _http_helpers import serve_app
 from _kube_helpers import eventually
 from aiohttp import web
 from fakeapi import make_pod
@@ -52,11 +53,7 @@ class App:
 
         app = web.Application()
         app.router.add_get("/{tail:.*}", serve)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_app(app)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -25,6 +25,7 @@ import kubernetes.client
 import orjson
 import pytest
 import yaml
+from _http_helpers import serve_app
 from aiohttp import web
 from fakeobjects import make_pod
 from yarl import URL
@@ -91,11 +92,7 @@ class FakeRabbit:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/api/queues/{vhost}/{queue}", self._queue)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_app(app)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -8,6 +8,7 @@ import ssl
 
 import pytest
 import trustme
+from _http_helpers import serve_app
 from aiohttp import web
 
 from kcms.collector.http11 import HTTPError, KeepAlivePool
@@ -21,14 +22,6 @@ def tls(ca: trustme.CA):
     client = ssl.create_default_context()
     ca.configure_trust(client)
     return server, client
-
-
-async def serve_aiohttp(app: web.Application, server_ctx) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
 async def test_keep_alive_fixed_and_chunked_bodies(tls):
@@ -49,7 +42,7 @@ async def test_keep_alive_fixed_and_chunked_bodies(tls):
     app = web.Application()
     app.router.add_get("/fixed", fixed)
     app.router.add_get("/chunked", chunked)
-    runner, port = await serve_aiohttp(app, tls[0])
+    runner, port = await serve_app(app, ssl_context=tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
         for n in range(3):

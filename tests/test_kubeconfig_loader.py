@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 import trustme
 import yaml
+from _http_helpers import serve_app
 from aiohttp import web
 
 from kcms.kube import KubeAPIError, KubeClient, KubeConfigError
@@ -95,15 +96,11 @@ async def mtls_server(ca: trustme.CA):
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.2)
-    await runner.setup()
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
     ca.configure_trust(ctx)
     ctx.verify_mode = ssl.CERT_REQUIRED
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app, ssl_context=ctx, handle_signals=False, shutdown_timeout=0.2)
     yield f"https://127.0.0.1:{port}"
     await runner.cleanup()
 

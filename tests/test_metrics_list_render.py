@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 from _abuse_helpers import assert_clean_log
+from _http_helpers import serve_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -479,14 +480,10 @@ async def test_a_failure_mid_stream_cuts_the_connection_instead_of_splicing_a_st
     app = web.Application()
     app.router.add_get("/bad", handler)
     app.router.add_get("/good", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
     cert = ca.issue_cert("127.0.0.1")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(server_ctx)
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    runner, port = await serve_app(app, ssl_context=server_ctx, access_log=None)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
     caplog.set_level(logging.INFO)

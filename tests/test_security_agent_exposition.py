@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 import pytest
 import trustme
+from _http_helpers import serve_app
 from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -369,11 +370,7 @@ async def start_impostor(pem: str, seen: list[str]) -> tuple[web.AppRunner, int]
 
     app = web.Application()
     app.router.add_get("/metrics", steal)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ServingTLS(pem, pem).context)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return await serve_app(app, ssl_context=ServingTLS(pem, pem).context)
 
 
 async def test_collector_refuses_an_impostor_agent_before_sending_its_token(ca, tmp_path, caplog) -> None:

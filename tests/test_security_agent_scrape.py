@@ -15,6 +15,7 @@ import logging
 import time
 
 import pytest
+from _http_helpers import serve_app
 from _pipeline import start_env, stop_env, wait_ready
 from aiohttp import web
 from fakeobjects import make_pod
@@ -54,11 +55,7 @@ class HostileAgent:
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_app(app, access_log=None)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -28,6 +28,7 @@ import re
 import time
 
 import pytest
+from _http_helpers import serve_app
 from _pipeline import BASE, Env, start_env, stop_env, wait_ready
 from _stores import TOKEN, Stores
 from aiohttp import web
@@ -74,11 +75,7 @@ class HostileKubelet:
         app = web.Application()
         app.router.add_get("/metrics/resource", self._resource)
         app.router.add_get("/stats/summary", self._summary)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ctx)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_app(app, ssl_context=ctx, access_log=None)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -280,11 +277,7 @@ class HostileAgent:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_app(app, access_log=None)
 
     async def stop(self) -> None:
         if self._runner is not None:
