@@ -95,6 +95,16 @@ def point_problem(p: ResourcePoint, latest: float) -> str | None:
     return None
 
 
+def screen_node_point(batch: NodeBatch, latest: float, counts: dict[str, int]) -> None:
+    """Drop ``batch``'s node reading (in place) if it is outside the bounds, counting the reason."""
+    point = batch.node_point
+    if point is not None:
+        reason = point_problem(point, latest)
+        if reason is not None:
+            counts[reason] = 1
+            batch.node_point = None
+
+
 def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int]:
     """Drop from ``batch`` (in place) every reading outside the bounds; return the counts by reason.
 
@@ -104,12 +114,7 @@ def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int
     if latest is None:
         latest = limits.future_limit()
     counts: dict[str, int] = {}
-    point = batch.node_point
-    if point is not None:
-        reason = point_problem(point, latest)
-        if reason is not None:
-            counts[reason] = 1
-            batch.node_point = None
+    screen_node_point(batch, latest, counts)
     drop: list[tuple[str, str]] = []
     for key, containers in batch.pods.items():
         ns, name = key

@@ -71,7 +71,7 @@ from typing import Any
 
 from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
-from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, point_problem, screen_batch
+from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, screen_batch, screen_node_point
 from kcms.sources.decode_reuse import DecodeReuse
 from kcms.sources.exposition import utf8_lines
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
@@ -494,12 +494,7 @@ def _screened_aligned(
     ):
         return None
     counts: dict[str, int] = {}
-    point = batch.node_point
-    if point is not None:
-        reason = point_problem(point, latest)
-        if reason is not None:
-            counts[reason] = 1
-            batch.node_point = None
+    screen_node_point(batch, latest, counts)
     return counts
 
 
