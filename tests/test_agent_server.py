@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import trustme
+from _process_helpers import stop_process
 from aiohttp import web
 from test_agent_buffer import parse_agent_text
 from test_agent_cgroups import pod, write_cgroup
@@ -402,13 +403,9 @@ async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_
         assert got[("container_cpu_usage_seconds_total", worker, ())] == 1.5
         assert types["jobs_done_total"] == "counter"
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
         try:
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            assert await stop_process(proc) == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
             await runner.cleanup()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -25,6 +24,7 @@ import aiohttp
 import msgspec
 import orjson
 import pytest
+from _process_helpers import stop_process
 from prometheus_client import REGISTRY
 
 from kcms.agent.buffer import SampleBuffer
@@ -716,11 +716,7 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
             assert loop.time() < deadline + 30, "no push was accepted after the rotation"
             await asyncio.sleep(0.1)
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
         try:
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            assert await stop_process(proc) == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
             await sim.stop()

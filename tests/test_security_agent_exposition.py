@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import secrets
-import signal
 import ssl
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import orjson
 import pytest
 import trustme
 from _http_helpers import serve_app
+from _process_helpers import stop_process
 from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -510,13 +510,7 @@ async def test_agent_process_guards_metrics_and_keeps_probes_and_otlp_open(ca, f
             async with s.get(f"http://127.0.0.1:{otlp_port}/healthz") as r:
                 assert r.status == 200
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
+        assert await stop_process(proc) == 0
     log = log_path.read_text()
     assert "Traceback" not in log, log
     assert "refused (unauthenticated" in log and "refused (forbidden" in log
