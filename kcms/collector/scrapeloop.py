@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
-from kcms.collector.workers import WORKERS, ScrapeWorkers, nodes_synced
+from kcms.collector.workers import WORKERS, ScrapeWorkers
 from kcms.model import Inventory, NodeBatch, NodeInfo
 from kcms.tasks import cancel_and_wait
 
@@ -61,7 +61,7 @@ class AutoScrape:
             self._task = asyncio.create_task(self._run(), name="kcms-scrape-auto")
 
     async def _run(self) -> None:
-        while not nodes_synced(self.inventory):  # noqa: ASYNC110
+        while not self.inventory.nodes_synced():  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         self.active = self._choose()
         self.active.start()
@@ -128,6 +128,6 @@ def scrape_loop(
     if workers is not None:
         WORKERS.set(workers)
         return build(workers)
-    if nodes_synced(inventory):
+    if inventory.nodes_synced():
         return choose()
     return AutoScrape(inventory, choose)

@@ -105,12 +105,6 @@ def shard_of(name: str, workers: int) -> int:
     return zlib.crc32(name.encode()) % workers
 
 
-def nodes_synced(inventory: Inventory) -> bool:
-    """The nodes are listed (the pods may still be coming): all a scrape needs."""
-    probe = getattr(inventory, "nodes_synced", None)
-    return probe() if probe is not None else inventory.has_synced()
-
-
 def _wire(node: NodeInfo) -> WireNodeInfo:
     return (node.name, node.addresses, node.kubelet_port)
 
@@ -263,11 +257,8 @@ class ScrapeWorkers:
                 )
         return True, "ok"
 
-    def missing_nodes(self, now: float | None = None) -> list[str]:
-        """Nodes (sorted) without a successful scrape for more than a resolution plus the timeout."""
-        horizon = (time.monotonic() if now is None else now) - self.resolution - self.timeout
-        return sorted(n for n, t in self._last_success.items() if t < horizon)
-
+    # the same rule and report as in-process scraping (both read _last_success, resolution, timeout)
+    missing_nodes = Collector.missing_nodes
     missing_check = Collector.missing_check
 
     # -- the parent's loops ------------------------------------------------------------------
@@ -276,7 +267,7 @@ class ScrapeWorkers:
 
     async def _feed(self) -> None:
         """Send each worker its shard of the inventory, and the token, when they change."""
-        while not nodes_synced(self.inventory):  # noqa: ASYNC110 (the Inventory protocol has no event)
+        while not self.inventory.nodes_synced():  # noqa: ASYNC110 (the Inventory protocol has no event)
             await asyncio.sleep(0.1)
         self._fed_at = time.monotonic()
         while True:
