@@ -372,16 +372,11 @@ class WireCodec(Generic[T]):
             typed = None
         if typed is not None and typed.type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
             w = typed.object
-            rv = w.metadata.resourceVersion if w is not None and w.metadata is not None else ""
-            rv = rv if len(rv) <= 64 else ""
             if typed.type == "BOOKMARK":
-                return Event("BOOKMARK", resource_version=rv)
+                return Event("BOOKMARK", resource_version=_wire_rv(w))
             if w is None:
-                return Event(typed.type, None, Bad(INVALID, "no object", None, "?"), rv)
-            try:
-                return Event(typed.type, self._convert(w), None, rv)
-            except Skip as e:
-                return Event(typed.type, None, self._bad(e.reason, str(e), None, w), rv)
+                return Event(typed.type, None, Bad(INVALID, "no object", None, "?"), "")
+            return self._object_event(typed.type, w)
         try:
             ev = self._event.decode(line)
         except msgspec.DecodeError as e:
@@ -401,12 +396,15 @@ class WireCodec(Generic[T]):
             return Event(ev.type, None, self._bad(INVALID, str(e), raw, None), self._rv(raw))
         except msgspec.DecodeError as e:
             raise ValueError(f"undecodable watch event: {e}") from None
-        rv = w.metadata.resourceVersion if w.metadata is not None else ""
-        rv = rv if len(rv) <= 64 else ""
+        return self._object_event(ev.type, w)
+
+    def _object_event(self, kind: str, w: Any) -> Event[T]:
+        """An ADDED/MODIFIED/DELETED event of the decoded object ``w`` (or of its refusal)."""
+        rv = _wire_rv(w)
         try:
-            return Event(ev.type, self._convert(w), None, rv)
+            return Event(kind, self._convert(w), None, rv)
         except Skip as e:
-            return Event(ev.type, None, self._bad(e.reason, str(e), None, w), rv)
+            return Event(kind, None, self._bad(e.reason, str(e), None, w), rv)
 
     def _rv(self, raw: msgspec.Raw) -> str:
         try:
@@ -415,6 +413,12 @@ class WireCodec(Generic[T]):
             return ""
         rv = meta.resourceVersion if meta is not None else None
         return rv if isinstance(rv, str) and len(rv) <= 64 else ""
+
+
+def _wire_rv(w: Any) -> str:
+    """The resourceVersion of a decoded object, "" when absent or longer than any kube-apiserver's."""
+    rv = w.metadata.resourceVersion if w is not None and w.metadata is not None else ""
+    return rv if len(rv) <= 64 else ""
 
 
 def _pod_key(namespace: str, name: str) -> tuple[str, str]:
