@@ -17,11 +17,17 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kcms.kube.kubeconfig import KubeConfigError, NeedsLibrary, TokenFile, load_incluster, load_kubeconfig
+from kcms.kube.kubeconfig import (
+    TOKEN_FILE_RELOAD,
+    KubeConfigError,
+    NeedsLibrary,
+    TokenFile,
+    load_incluster,
+    load_kubeconfig,
+)
 
 log = logging.getLogger(__name__)
 
-_TOKEN_FILE_RELOAD = 60.0  # seconds between re-reads of a kubeconfig tokenFile
 MAX_WATCH_LINE = 16 << 20  # bytes of one watch event (etcd stores objects of at most 1.5 MiB)
 
 
@@ -218,7 +224,7 @@ class KubeClient:
         user = getattr(loader, "_user", None)
         if user is not None and "tokenFile" in user and "exec" not in user:
             now = time.monotonic()
-            if force or now - self._token_file_read > _TOKEN_FILE_RELOAD:
+            if force or now - self._token_file_read > TOKEN_FILE_RELOAD:  # the cadence of our own loader
                 self._token_file_read = now
                 try:
                     if loader._load_user_token():
