@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kcms.apis.prometheus.resources import GroupResource
+
 if TYPE_CHECKING:
     from kcms.apis.prometheus.naming import MetricNamer, ResourceRules
 
@@ -47,6 +49,7 @@ __all__ = [
     "AdapterConfig",
     "ConfigError",
     "DiscoveryRule",
+    "GroupResource",
     "NameMapping",
     "RegexFilter",
     "ResourceMapping",
@@ -55,6 +58,17 @@ __all__ = [
     "parse_duration",
     "read_adapter_config",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``ResourceRules`` and ``MetricNamer`` are importable from here too (they live in :mod:`.naming`,
+    which imports this module, so they are looked up on first use)."""
+    if name in ("ResourceRules", "MetricNamer"):
+        from kcms.apis.prometheus import naming
+
+        return getattr(naming, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 MAX_CONFIG_BYTES = 4 << 20  # a real config is a few kB; a mounted file this big is a mistake
 DEFAULT_WINDOW = 60.0
