@@ -135,6 +135,29 @@ def add_scrape_worker_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+MAX_HISTORY = 86400.0  # --history: a day at most (memory grows with it: docs/history.md)
+
+
+def add_history_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--history",
+        type=parse_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long node, pod and container usage is kept and served by history.kcms.io/v1alpha1 "
+        "(default 10m; 0 turns history off and the API group is not served; at most 24h)",
+    )
+
+
+def validate_history_flag(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    h = args.history
+    if h != 0 and not (args.metric_resolution <= h <= MAX_HISTORY):
+        p.error(
+            f"argument --history: must be 0 (off) or from --metric-resolution ({args.metric_resolution:g}s) "
+            f"to 24h, got {h:g}s"
+        )
+
+
 def add_series_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("custom and external metrics (series store)")
     g.add_argument(
@@ -515,6 +538,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_kube_flags(p)
     add_kubelet_flags(p)
     add_scrape_worker_flags(p)
+    add_history_flag(p)
     add_series_flags(p)
     add_agent_collector_flags(p)
     add_serving_flags(p)
@@ -620,6 +644,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         metavar="DURATION",
         help="stop after this long (default: run until interrupted)",
     )
+    add_history_flag(p)
     add_logging_flags(p)
     return parser
 
@@ -646,6 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_kubelet_flags(sub, args)
         validate_serving_flags(sub, args)
         validate_series_flags(sub, args)
+        validate_history_flag(sub, args)
         _check_files(sub, args, FILE_FLAGS)
         from kcms.standalone import run_standalone
 
@@ -663,6 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         if args.metric_resolution < 10:
             sub.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
+        validate_history_flag(sub, args)
         from kcms.demo import run_demo
 
         return asyncio.run(run_demo(args))

@@ -32,6 +32,11 @@ EXAMPLES = (
     "/apis/custom.metrics.k8s.io/v1beta2/namespaces/{namespace}/deployments.apps/{app}/queue_backlog_agg_max_5m",
     "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/queue_backlog?labelSelector=queue%3Demails",
 )
+HISTORY_EXAMPLES = (
+    "/apis/history.kcms.io/v1alpha1/nodes/{node}?since=5m",
+    "/apis/history.kcms.io/v1alpha1/namespaces/{namespace}/pods/{pod}",
+    "/apis/history.kcms.io/v1alpha1/scrapes",
+)
 
 
 def issue_client_certificate(work_dir: str, user: str = "demo-user") -> tuple[str, str, str]:
@@ -92,6 +97,7 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
             "--kubelet-preferred-address-types=InternalIP",
             f"--metric-resolution={args.metric_resolution}s",
             "--agent-insecure-http",  # the simulated agents serve plain HTTP on loopback
+            f"--history={args.history}s",  # 0: off (history.kcms.io absent)
         ]
     )
 
@@ -146,7 +152,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             "Metrics are ready a few seconds after start. Try:",
             flush=True,
         )
-        for path in EXAMPLES:
+        for path in EXAMPLES + (HISTORY_EXAMPLES if settings.history > 0 else ()):
             path = path.format(
                 node=next(iter(inventory.nodes())).name,
                 namespace=pod.namespace,

@@ -12,6 +12,7 @@ from typing import Any
 
 from kcms.apis.custom import CustomMetricsAPI
 from kcms.apis.external import ExternalMetricsAPI
+from kcms.apis.history import HistoryAPI
 from kcms.apis.metrics.api import MetricsAPI
 from kcms.apis.objects import ObjectLabels
 from kcms.apis.provider import StoreProvider
@@ -23,6 +24,7 @@ from kcms.collector.scrapeloop import ScrapeLoop, scrape_loop
 from kcms.heap import HeapFreezer
 from kcms.model import Inventory
 from kcms.selectors import parse_label_selector
+from kcms.store.history import HistoryStore
 from kcms.store.resource import ResourceStore
 from kcms.store.series import SeriesStore
 from kcms.tasks import cancel_and_wait
@@ -110,11 +112,16 @@ def build_pipeline(
     resolution = args.metric_resolution
     store = ResourceStore(resolution)
     selector = parse_label_selector(getattr(args, "node_selector", "") or "")
+    # --history: every stored scrape is recorded too (kcms/store/history.py); 0: off
+    history = HistoryStore(args.history, resolution) if getattr(args, "history", 0) > 0 else None
+    store.history = history
 
     heap = HeapFreezer()
 
     def after_cycle() -> None:
         store.expire()
+        if history is not None:
+            history.expire(present=inventory.node)
         store.publish_stats()
         heap.after_cycle()
 
@@ -136,6 +143,9 @@ def build_pipeline(
     )
     server = AggregatedAPIServer(serving, authn, authz, kube_client=kube_client)
     server.install(MetricsAPI(inventory, store).group_version())
+    if history is not None:
+        scrapes = collector if hasattr(collector, "status") else None  # a kubelet scrape loop
+        server.install(HistoryAPI(inventory, history, scrapes).group_version())
     # custom.metrics.k8s.io and external.metrics.k8s.io over the series store: one server for
     # all three groups (Kubernetes allows one backend per group; here they share one process).
     objects = ObjectLabels(inventory, kube_client)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from prometheus_client import Counter, Gauge, Histogram
 
 from kcms.collector.kubelet import KubeletClient, ScrapeError
+from kcms.collector.status import ScrapeStatus
 from kcms.model import Inventory, NodeBatch, NodeInfo
 from kcms.tasks import cancel_and_wait
 
@@ -74,6 +75,7 @@ class Collector:
         # node -> monotonic time of its last successful scrape, or of the cycle that first saw it
         # (a node that never answered counts as missing one resolution after it appeared)
         self._last_success: dict[str, float] = {}
+        self.status = ScrapeStatus()  # per node: last success, last error, failures in a row
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -140,6 +142,7 @@ class Collector:
         nodes = [n for n in self.inventory.nodes() if self.node_filter is None or self.node_filter(n)]
         seen = self._last_success
         self._last_success = {n.name: seen.get(n.name, t0) for n in nodes}  # nodes gone are forgotten
+        self.status.retain(self._last_success)
         results = await asyncio.gather(*(self._scrape_one(n) for n in nodes))
         failures = results.count(False)
         elapsed = time.monotonic() - t0
@@ -160,11 +163,14 @@ class Collector:
                 async with asyncio.timeout(self.timeout):
                     batch = await self.client.scrape(node)
             except ScrapeError as e:
+                self.status.failure(node.name, e.reason)
                 return self._failed(node.name, e.reason, str(e))
             except TimeoutError:
+                self.status.failure(node.name, "timeout")
                 return self._failed(node.name, "timeout", f"no answer within {self.timeout:.1f}s")
             SCRAPE_DURATION.observe(time.monotonic() - t0)
         SCRAPES.labels("success").inc()
+        self.status.success(node.name)
         if node.name in self._last_success:
             self._last_success[node.name] = time.monotonic()
         for reason, count in batch.rejected.items():

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
+from kcms.collector.status import ScrapeStatus
 from kcms.collector.workers import WORKERS, ScrapeWorkers
 from kcms.model import Inventory, NodeBatch, NodeInfo
 from kcms.tasks import cancel_and_wait
@@ -83,6 +84,12 @@ class AutoScrape:
 
     def missing_check(self) -> tuple[bool, str]:
         return (True, "ok") if self.active is None else self.active.missing_check()
+
+    @property
+    def status(self) -> ScrapeStatus:
+        return self._no_status if self.active is None else self.active.status
+
+    _no_status = ScrapeStatus()  # before the choice: no node scraped yet
 
 
 ScrapeLoop = Collector | ScrapeWorkers | AutoScrape

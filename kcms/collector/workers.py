@@ -54,6 +54,7 @@ from kcms.collector.scheduler import (
     SCRAPES,
     Collector,
 )
+from kcms.collector.status import ScrapeStatus
 from kcms.collector.workerproto import (
     MIN_MAX_FRAME,
     Batch,
@@ -187,6 +188,7 @@ class ScrapeWorkers:
         self._wire: list[WireNodeInfo] | None = None
         self._token: str | None = None
         self._last_success: dict[str, float] = {}
+        self.status = ScrapeStatus()  # per node: last success, last error, failures in a row
         self._round: dict[int, tuple[float, int]] = {}  # worker -> (cycle seconds, failures)
         self.last_cycle_started = 0.0
         self.cycles = 0
@@ -286,6 +288,7 @@ class ScrapeWorkers:
         seen = self._last_success
         # nodes gone are forgotten; a new node counts as missing a resolution after it appeared
         self._last_success = {n[0]: seen.get(n[0], now) for n in wire}
+        self.status.retain(self._last_success)
         count = len(self.workers)
         shards: list[list[WireNodeInfo]] = [[] for _ in range(count)]
         for node in wire:
@@ -426,6 +429,7 @@ class ScrapeWorkers:
             return
         if batch.node in self._last_success:
             self._last_success[batch.node] = time.monotonic()
+        self.status.success(batch.node)
         try:
             self.sink(batch)
         except Exception:  # a bug in the sink must not stop the other batches of this read
@@ -442,7 +446,9 @@ class ScrapeWorkers:
         if failed:
             SCRAPES.labels("failure").inc(len(failed))
         for node, reason in failed:
-            SCRAPE_FAILURES.labels(node, reason if _LABEL.fullmatch(reason) else "invalid").inc()
+            reason = reason if _LABEL.fullmatch(reason) else "invalid"
+            SCRAPE_FAILURES.labels(node, reason).inc()
+            self.status.failure(node, reason)
         for reason, count in list(end.rejected.items())[:32]:
             if count > 0 and _LABEL.fullmatch(reason):
                 REJECTED.labels(reason).inc(count)

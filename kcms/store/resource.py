@@ -31,13 +31,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from prometheus_client import Counter, Gauge
 
 from kcms.model import NodeBatch, PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES, REASONS, screen_batch
+
+if TYPE_CHECKING:
+    from kcms.store.history import HistoryStore
 
 STORED = Gauge(
     "kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"]
@@ -167,6 +170,8 @@ class ResourceStore:
         self.max_age = max_age if max_age is not None else 2 * resolution
         self._nodes: dict[str, _NodeEntry] = {}
         self._pod_node: dict[PodKey, str] = {}
+        # --history: every stored scrape is also recorded there (kcms/store/history.py)
+        self.history: HistoryStore | None = None
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -219,6 +224,8 @@ class ResourceStore:
                 del pod_node[key]
         entry.pods = new_pods
         entry.usage = {}
+        if self.history is not None:
+            self.history.record(node, entry.last, entry.prev, new_pods)
         for reason, n in counts.items():
             REFUSED.labels(reason).inc(n)
 
