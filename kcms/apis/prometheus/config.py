@@ -35,89 +35,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
+from kcms.apis.prometheus.naming import MetricNamer, ResourceRules
 from kcms.apis.prometheus.resources import GroupResource
-
-if TYPE_CHECKING:
-    from kcms.apis.prometheus.naming import MetricNamer, ResourceRules
+from kcms.apis.prometheus.rules import (
+    ConfigError,
+    DiscoveryRule,
+    NameMapping,
+    RegexFilter,
+    ResourceMapping,
+    ResourceRuleConfig,
+)
 
 __all__ = [
     "AdapterConfig",
     "ConfigError",
     "DiscoveryRule",
     "GroupResource",
+    "MetricNamer",
     "NameMapping",
     "RegexFilter",
     "ResourceMapping",
     "ResourceRuleConfig",
+    "ResourceRules",
     "load_adapter_config",
     "parse_duration",
     "read_adapter_config",
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``ResourceRules`` and ``MetricNamer`` are importable from here too (they live in :mod:`.naming`,
-    which imports this module, so they are looked up on first use)."""
-    if name in ("ResourceRules", "MetricNamer"):
-        from kcms.apis.prometheus import naming
-
-        return getattr(naming, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 MAX_CONFIG_BYTES = 4 << 20  # a real config is a few kB; a mounted file this big is a mistake
 DEFAULT_WINDOW = 60.0
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used: the message names the rule and field (``rules[2].name.matches: ...``)."""
-
-
-@dataclass(frozen=True)
-class RegexFilter:
-    is_: str = ""
-    is_not: str = ""
-
-
-@dataclass(frozen=True)
-class NameMapping:
-    matches: str = ""
-    as_: str = ""
-
-
-@dataclass(frozen=True)
-class ResourceMapping:
-    template: str = ""
-    overrides: tuple[tuple[str, str, str], ...] = ()  # (label, group, resource), file order
-    namespaced: bool | None = None  # None: not written (true)
-
-
-@dataclass(frozen=True)
-class DiscoveryRule:
-    """One entry of ``rules`` or ``externalRules``, as written. ``path`` is where it is (``rules[3]``)."""
-
-    series_query: str
-    metrics_query: str
-    series_filters: tuple[RegexFilter, ...] = ()
-    resources: ResourceMapping = field(default_factory=ResourceMapping)
-    name: NameMapping = field(default_factory=NameMapping)
-    path: str = "rules[0]"
-
-
-@dataclass(frozen=True)
-class ResourceRuleConfig:
-    """``resourceRules.cpu`` or ``resourceRules.memory`` as written."""
-
-    container_query: str
-    node_query: str
-    container_label: str
-    resources: ResourceMapping = field(default_factory=ResourceMapping)
-    path: str = "resourceRules.cpu"
 
 
 @dataclass(frozen=True)
@@ -309,8 +261,6 @@ def _resource_rule(value: Any, path: str) -> ResourceRuleConfig:
 
 def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
     """Parse and check a prometheus-adapter configuration; :class:`ConfigError` names what is wrong."""
-    from kcms.apis.prometheus.naming import MetricNamer, ResourceRules  # naming builds on this module's types
-
     try:
         doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
     except yaml.YAMLError as exc:

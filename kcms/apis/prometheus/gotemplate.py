@@ -24,63 +24,20 @@ that does not exist, ``index`` out of range), like Go's ``Execute``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Template", "TemplateError", "go_format", "parse"]
+from kcms.apis.prometheus.gotemplate_parse import Cmd, Node, Pipe, TemplateError, parse_tree
+
+__all__ = ["Fields", "Template", "TemplateError", "go_format", "parse"]
 
 LEFT, RIGHT = "<<", ">>"
-_FUNCS = {
-    "index",
-    "len",
-    "print",
-    "printf",
-    "println",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "and",
-    "or",
-    "not",
-    "slice",
-}
+
 _NO_VALUE = object()  # Go prints a missing map key / nil interface as "<no value>"
 
 
-class TemplateError(ValueError):
-    """A template that does not parse, or an evaluation that fails."""
-
-
 # ------------------------------------------------------------------------------------------------
-# the tree
-
-
-@dataclass
-class _Cmd:
-    # operands: ("field", names) | ("var", name, names) | ("lit", value) | ("fn", name) | ("pipe", _Pipe)
-    # | ("chain", _Pipe, names)
-    args: list[Any]
-
-
-@dataclass
-class _Pipe:
-    decl: list[str] = field(default_factory=list)  # variables declared (:=) or assigned (=)
-    assign: bool = False
-    cmds: list[_Cmd] = field(default_factory=list)
-
-
-@dataclass
-class _Node:
-    kind: str  # text | action | if | range | with | break | continue
-    text: str = ""
-    pipe: _Pipe | None = None
-    body: list[_Node] = field(default_factory=list)
-    orelse: list[_Node] = field(default_factory=list)
+# evaluation
 
 
 class _Break(Exception):
@@ -89,371 +46,6 @@ class _Break(Exception):
 
 class _Continue(Exception):
     pass
-
-
-# ------------------------------------------------------------------------------------------------
-# lexing of one action's inside
-
-_TOKEN_RE = re.compile(
-    r"""
-    (?P<space>\s+)
-  | (?P<str>"(?:[^"\\\n]|\\.)*")
-  | (?P<raw>`[^`]*`)
-  | (?P<char>'(?:[^'\\\n]|\\.)+')
-  | (?P<decl>:=)
-  | (?P<assign>=)
-  | (?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|[0-9][0-9_]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?))
-  | (?P<var>\$[A-Za-z0-9_]*)
-  | (?P<chain>(?<=[)])(?:\.[A-Za-z_][A-Za-z0-9_]*)+)
-  | (?P<field>(?:\.[A-Za-z_][A-Za-z0-9_]*)+)
-  | (?P<dot>\.)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<punct>[|(),])
-    """,
-    re.VERBOSE,
-)
-
-
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN_RE.match(text, pos)
-        if not m or m.end() == pos:
-            raise TemplateError(f"unexpected {text[pos]!r} in command")
-        pos = m.end()
-        kind = m.lastgroup or ""
-        if kind == "space":
-            continue
-        value = m.group()
-        # a field chain right after a variable belongs to it: "$x.A" lexes as var "$x" + field ".A"
-        if kind == "field" and out and out[-1][0] == "var" and text[m.start() - 1] != " ":
-            out[-1] = ("var", out[-1][1] + value)
-            continue
-        out.append((kind, value))
-    return out
-
-
-_ESCAPES = {
-    "a": "\a",
-    "b": "\b",
-    "f": "\f",
-    "n": "\n",
-    "r": "\r",
-    "t": "\t",
-    "v": "\v",
-    "\\": "\\",
-    '"': '"',
-    "'": "'",
-}
-
-
-def _unquote(text: str) -> str:
-    """A Go interpreted string literal's value (``strconv.Unquote``)."""
-    body = text[1:-1]
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if c != "\\":
-            out.append(c)
-            i += 1
-            continue
-        nxt = body[i + 1] if i + 1 < len(body) else ""
-        if nxt in _ESCAPES:
-            out.append(_ESCAPES[nxt])
-            i += 2
-        elif nxt in "xuU":
-            width = {"x": 2, "u": 4, "U": 8}[nxt]
-            digits = body[i + 2 : i + 2 + width]
-            if len(digits) != width or not re.fullmatch(r"[0-9a-fA-F]+", digits):
-                raise TemplateError(f"invalid escape in {text}")
-            out.append(chr(int(digits, 16)))
-            i += 2 + width
-        elif nxt in "01234567":
-            digits = body[i + 1 : i + 4]
-            if not re.fullmatch(r"[0-7]{3}", digits):
-                raise TemplateError(f"invalid escape in {text}")
-            out.append(chr(int(digits, 8)))
-            i += 4
-        else:
-            raise TemplateError(f"invalid escape in {text}")
-    return "".join(out)
-
-
-# ------------------------------------------------------------------------------------------------
-# parsing
-
-
-def _split_actions(text: str) -> list[tuple[str, str]]:
-    """``text`` as ("text", s) and ("action", inside) items, trim markers applied."""
-    items: list[tuple[str, str]] = []
-    pos = 0
-    trim_next = False
-    while True:
-        start = text.find(LEFT, pos)
-        chunk = text[pos:] if start < 0 else text[pos:start]
-        if trim_next:
-            chunk = chunk.lstrip(" \t\r\n")
-        if start < 0:
-            if chunk:
-                items.append(("text", chunk))
-            return items
-        inner_start = start + len(LEFT)
-        if (
-            text.startswith("- ", inner_start)
-            or text.startswith("-\t", inner_start)
-            or text.startswith("-\n", inner_start)
-        ):
-            chunk = chunk.rstrip(" \t\r\n")
-            inner_start += 1
-        if chunk:
-            items.append(("text", chunk))
-        if text.startswith("/*", inner_start):
-            close = text.find("*/", inner_start + 2)
-            if close < 0:
-                raise TemplateError("unclosed comment")
-            rest = close + 2
-            trim_next = False
-            if text.startswith(" -" + RIGHT, rest):
-                trim_next, rest = True, rest + 2
-            if not text.startswith(RIGHT, rest):
-                raise TemplateError("comment ends before closing delimiter")
-            pos = rest + len(RIGHT)
-            continue
-        end = _find_right(text, inner_start)
-        inner = text[inner_start:end]
-        trim_next = False
-        if inner.endswith(" -") or inner.endswith("\t-") or inner.endswith("\n-"):
-            inner, trim_next = inner[:-1], True
-        items.append(("action", inner))
-        pos = end + len(RIGHT)
-
-
-def _find_right(text: str, pos: int) -> int:
-    """Where the action starting at ``pos`` closes: the first ``>>`` outside a string literal."""
-    i = pos
-    while i < len(text):
-        c = text[i]
-        if c in "\"'":
-            j = i + 1
-            while j < len(text) and text[j] != c:
-                if text[j] == "\n":
-                    raise TemplateError("unterminated quoted string")
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
-            continue
-        if c == "`":
-            j = text.find("`", i + 1)
-            if j < 0:
-                raise TemplateError("unterminated raw quoted string")
-            i = j + 1
-            continue
-        if text.startswith(RIGHT, i):
-            return i
-        i += 1
-    raise TemplateError("unclosed action")
-
-
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.items = _split_actions(text)
-        self.pos = 0
-        self.vars: list[set[str]] = [{"$"}]
-
-    def parse(self) -> list[_Node]:
-        nodes, stop = self.list_until(set())
-        if stop is not None:
-            raise TemplateError(f"unexpected {{{{{stop}}}}}")
-        return nodes
-
-    def list_until(self, stops: set[str]) -> tuple[list[_Node], str | None]:
-        nodes: list[_Node] = []
-        while self.pos < len(self.items):
-            kind, value = self.items[self.pos]
-            self.pos += 1
-            if kind == "text":
-                nodes.append(_Node("text", text=value))
-                continue
-            toks = _tokens(value)
-            if not toks:
-                raise TemplateError("missing value for command")
-            word = toks[0][1] if toks[0][0] == "ident" else ""
-            if word in ("end", "else"):
-                if word not in stops:
-                    raise TemplateError(f"unexpected {{{{{word}}}}}")
-                if word == "end" and len(toks) > 1:
-                    raise TemplateError("unexpected tokens after end")
-                self.pending = toks[1:]
-                return nodes, word
-            if word in ("if", "range", "with"):
-                nodes.append(self.control(word, toks[1:]))
-            elif word in ("break", "continue"):
-                if len(toks) > 1:
-                    raise TemplateError(f"unexpected tokens after {word}")
-                if not getattr(self, "range_depth", 0):
-                    raise TemplateError(f"{{{{{word}}}}} outside {{{{range}}}}")
-                nodes.append(_Node(word))
-            elif word in ("define", "template", "block"):
-                raise TemplateError(f"{word!r} is not supported")
-            else:
-                nodes.append(_Node("action", pipe=self.pipeline(toks, allow_decl=True)))
-        if stops:
-            raise TemplateError("unexpected EOF")
-        return nodes, None
-
-    def control(self, word: str, toks: list[tuple[str, str]]) -> _Node:
-        if not toks:
-            raise TemplateError(f"missing value for {word}")
-        self.vars.append(set())
-        pipe = self.pipeline(toks, allow_decl=True, in_range=word == "range")
-        if word == "range":
-            self.range_depth = getattr(self, "range_depth", 0) + 1
-        body, stop = self.list_until({"end", "else"})
-        if word == "range":
-            self.range_depth -= 1
-        self.vars.pop()
-        node = _Node(word, pipe=pipe, body=body)
-        if stop == "else":
-            rest = self.pending
-            if rest and rest[0] == ("ident", "if") and word == "if":
-                # "else if" nests an if that shares this one's end
-                node.orelse = [self.control("if", rest[1:])]
-                return node
-            if rest:
-                raise TemplateError("unexpected tokens after else")
-            self.vars.append(set())
-            node.orelse, stop = self.list_until({"end"})
-            self.vars.pop()
-        return node
-
-    def pipeline(self, toks: list[tuple[str, str]], *, allow_decl: bool, in_range: bool = False) -> _Pipe:
-        pipe = _Pipe()
-        # declarations: "$x :=", "$i, $v :=" (range only), "$x ="
-        if allow_decl and len(toks) >= 2 and toks[0][0] == "var":
-            if toks[1][0] in ("decl", "assign"):
-                pipe.decl, pipe.assign = [toks[0][1]], toks[1][0] == "assign"
-                toks = toks[2:]
-            elif (
-                in_range
-                and toks[1] == ("punct", ",")
-                and len(toks) >= 4
-                and toks[2][0] == "var"
-                and toks[3][0] == "decl"
-            ):
-                pipe.decl = [toks[0][1], toks[2][1]]
-                toks = toks[4:]
-            for name in pipe.decl:
-                if "." in name:
-                    raise TemplateError(f"cannot declare {name}")
-                if pipe.assign:
-                    self.check_var(name)
-                else:
-                    self.vars[-1].add(name)
-        if not toks:
-            raise TemplateError("missing value for command")
-        cmds: list[list[tuple[str, str]]] = [[]]
-        depth = 0
-        for tok in toks:
-            if tok == ("punct", "("):
-                depth += 1
-            elif tok == ("punct", ")"):
-                depth -= 1
-                if depth < 0:
-                    raise TemplateError("unexpected right paren")
-            if tok == ("punct", "|") and depth == 0:
-                cmds.append([])
-            else:
-                cmds[-1].append(tok)
-        if depth:
-            raise TemplateError("unclosed left paren")
-        for raw in cmds:
-            if not raw:
-                raise TemplateError("missing command in pipeline")
-            pipe.cmds.append(self.command(raw))
-        for cmd in pipe.cmds[1:]:
-            if cmd.args[0][0] != "fn" and len(cmd.args) == 1 and cmd.args[0][0] == "lit":
-                raise TemplateError("non executable command in pipeline stage")
-        return pipe
-
-    def check_var(self, name: str) -> None:
-        base = name.split(".", 1)[0]
-        if not any(base in scope for scope in self.vars):
-            raise TemplateError(f"undefined variable {base!r}")
-
-    def command(self, toks: list[tuple[str, str]]) -> _Cmd:
-        args: list[Any] = []
-        i = 0
-        while i < len(toks):
-            kind, value = toks[i]
-            if kind == "punct" and value == "(":
-                depth, j = 1, i + 1
-                while depth:
-                    if j >= len(toks):
-                        raise TemplateError("unclosed left paren")
-                    if toks[j] == ("punct", "("):
-                        depth += 1
-                    elif toks[j] == ("punct", ")"):
-                        depth -= 1
-                    j += 1
-                inner = self.pipeline(toks[i + 1 : j - 1], allow_decl=False)
-                arg: Any = ("pipe", inner)
-                if j < len(toks) and toks[j][0] == "chain":
-                    arg = ("chain", inner, toks[j][1][1:].split("."))
-                    j += 1
-                args.append(arg)
-                i = j
-                continue
-            if kind == "field":
-                args.append(("field", value[1:].split(".")))
-            elif kind == "dot":
-                args.append(("field", []))
-            elif kind == "var":
-                self.check_var(value)
-                name, _, rest = value.partition(".")
-                args.append(("var", name, rest.split(".") if rest else []))
-            elif kind == "str":
-                args.append(("lit", _unquote(value)))
-            elif kind == "raw":
-                args.append(("lit", value[1:-1]))
-            elif kind == "char":
-                text = _unquote('"' + value[1:-1] + '"')
-                if len(text) != 1:
-                    raise TemplateError(f"malformed character constant {value}")
-                args.append(("lit", ord(text)))
-            elif kind == "num":
-                args.append(("lit", _number(value)))
-            elif kind == "ident":
-                if value in ("true", "false"):
-                    args.append(("lit", value == "true"))
-                elif value == "nil":
-                    args.append(("lit", None))
-                elif value in _FUNCS:
-                    if args:
-                        raise TemplateError(f"function {value!r} is not the first word of the command")
-                    args.append(("fn", value))
-                else:
-                    raise TemplateError(f'function "{value}" not defined')
-            else:
-                raise TemplateError(f"unexpected {value!r} in command")
-            i += 1
-        if len(args) > 1 and args[0][0] not in ("fn",) and args[0][0] != "field":
-            raise TemplateError("can't give argument to non-function")
-        return _Cmd(args)
-
-
-def _number(text: str) -> int | float:
-    clean = text.replace("_", "")
-    try:
-        if clean.lower().lstrip("+-").startswith("0x"):
-            return int(clean, 16)
-        return int(clean) if re.fullmatch(r"[-+]?[0-9]+", clean) else float(clean)
-    except ValueError:
-        raise TemplateError(f"bad number syntax: {text!r}") from None
-
-
-# ------------------------------------------------------------------------------------------------
-# evaluation
 
 
 def go_format(value: Any) -> str:
@@ -616,7 +208,7 @@ def _call(name: str, args: list[Any]) -> Any:
 class Template:
     """A parsed template; :meth:`render` executes it on a data mapping."""
 
-    def __init__(self, source: str, nodes: list[_Node]) -> None:
+    def __init__(self, source: str, nodes: list[Node]) -> None:
         self.source = source
         self._nodes = nodes
 
@@ -631,7 +223,7 @@ class Template:
         and ``$.X`` anywhere): what a configuration check compares with the fields that exist."""
         found: set[str] = set()
 
-        def walk_pipe(pipe: _Pipe | None, top: bool) -> None:
+        def walk_pipe(pipe: Pipe | None, top: bool) -> None:
             if pipe is None:
                 return
             for cmd in pipe.cmds:
@@ -643,7 +235,7 @@ class Template:
                     elif arg[0] in ("pipe", "chain"):
                         walk_pipe(arg[1], top)
 
-        def walk(nodes: list[_Node], top: bool) -> None:
+        def walk(nodes: list[Node], top: bool) -> None:
             for node in nodes:
                 walk_pipe(node.pipe, top)
                 inner = top and node.kind not in ("range", "with")
@@ -655,7 +247,7 @@ class Template:
 
     # -- execution
 
-    def _run(self, nodes: list[_Node], dot: Any, scopes: list[dict[str, Any]], out: list[str]) -> None:
+    def _run(self, nodes: list[Node], dot: Any, scopes: list[dict[str, Any]], out: list[str]) -> None:
         for node in nodes:
             kind = node.kind
             if kind == "text":
@@ -684,10 +276,10 @@ class Template:
             elif kind == "continue":
                 raise _Continue
 
-    def _range(self, node: _Node, dot: Any, scopes: list[dict[str, Any]], out: list[str]) -> None:
+    def _range(self, node: Node, dot: Any, scopes: list[dict[str, Any]], out: list[str]) -> None:
         assert node.pipe is not None
         decl = node.pipe.decl
-        pipe = _Pipe(cmds=node.pipe.cmds)
+        pipe = Pipe(cmds=node.pipe.cmds)
         value = self._pipe(pipe, dot, scopes)
         if isinstance(value, Mapping):
             items = [(k, value[k]) for k in sorted(value)]
@@ -720,7 +312,7 @@ class Template:
             finally:
                 scopes.pop()
 
-    def _pipe(self, pipe: _Pipe, dot: Any, scopes: list[dict[str, Any]]) -> Any:
+    def _pipe(self, pipe: Pipe, dot: Any, scopes: list[dict[str, Any]]) -> Any:
         value: Any = _NO_VALUE
         for i, cmd in enumerate(pipe.cmds):
             value = self._cmd(cmd, dot, scopes, value if i else _NO_VALUE, piped=i > 0)
@@ -762,7 +354,7 @@ class Template:
             return value
         raise TemplateError(f"can't evaluate {kind}")
 
-    def _cmd(self, cmd: _Cmd, dot: Any, scopes: list[dict[str, Any]], prev: Any, *, piped: bool) -> Any:
+    def _cmd(self, cmd: Cmd, dot: Any, scopes: list[dict[str, Any]], prev: Any, *, piped: bool) -> Any:
         first = cmd.args[0]
         if first[0] == "fn":
             args = [self._arg(a, dot, scopes) for a in cmd.args[1:]]
@@ -776,4 +368,4 @@ class Template:
 
 def parse(text: str) -> Template:
     """Parse ``text`` with ``<<``/``>>`` delimiters (Go's ``Parse``: syntax errors and unknown functions raise)."""
-    return Template(text, _Parser(text).parse())
+    return Template(text, parse_tree(text))

@@ -31,7 +31,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kcms.apis.prometheus.config import ConfigError, DiscoveryRule, ResourceMapping, ResourceRuleConfig
 from kcms.apis.prometheus.gotemplate import Template, TemplateError, parse
 from kcms.apis.prometheus.matchers import (
     QueryBuildError,
@@ -42,6 +41,7 @@ from kcms.apis.prometheus.matchers import (
     selector_parts,
 )
 from kcms.apis.prometheus.resources import NAMESPACES, NODES, GroupResource, ResourceMapper, resolve_known
+from kcms.apis.prometheus.rules import ConfigError, DiscoveryRule, ResourceMapping, ResourceRuleConfig
 from kcms.selectors import LabelSelector
 
 __all__ = ["QUERY_FIELDS", "MetricNamer", "ResourceRules", "render_query"]
