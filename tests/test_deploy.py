@@ -469,3 +469,66 @@ def test_standalone_accepts_metrics_server_flags() -> None:
     require_cli()
     missing = [f for f in METRICS_SERVER_FLAGS if f not in cli_flags("standalone")]
     assert not missing, f"`kcms standalone` lacks {missing}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# history.kcms.io (docs/history.md)
+
+
+def _history_apiservices(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for a in by_kind(objects, "APIService") if a["spec"]["group"] == "history.kcms.io"]
+
+
+@overlay_param
+def test_history_apiservice_only_where_history_is_served(overlay: Path) -> None:
+    """`kcms standalone` serves history.kcms.io/v1alpha1 (--history defaults to 10m): its APIService is
+    there, named for exactly the group and version the code installs; `kcms server` (HA overlays) keeps
+    no history, so no APIService may announce it there (the aggregator would list a dead group)."""
+    from kcms.apis.history import convert
+
+    objects = render(overlay)
+    found = _history_apiservices(objects)
+    serves = any(
+        c["args"][0] == "standalone" and _flag_value(c["args"], "--history") not in ("0", "0s")
+        for w in workloads(objects)
+        for c in containers(w)
+    )
+    if not serves:
+        assert found == [], f"{overlay.name}: no process serves history.kcms.io"
+        return
+    (api,) = found
+    spec = api["spec"]
+    assert (spec["group"], spec["version"]) == (convert.GROUP, convert.VERSION)
+    assert api["metadata"]["name"] == f"{convert.VERSION}.{convert.GROUP}"
+    metrics = only(objects, "APIService", "v1beta1.metrics.k8s.io")["spec"]
+    # the same backend and the same TLS arrangement as metrics.k8s.io (both components patch both)
+    assert spec["service"] == metrics["service"]
+    assert spec.get("insecureSkipTLSVerify") == metrics.get("insecureSkipTLSVerify")
+    annotations = api["metadata"].get("annotations", {})
+    metrics_annotations = only(objects, "APIService", "v1beta1.metrics.k8s.io")["metadata"].get(
+        "annotations", {}
+    )
+    assert annotations.get("cert-manager.io/inject-ca-from") == metrics_annotations.get(
+        "cert-manager.io/inject-ca-from"
+    )
+
+
+def test_history_apiservice_in_standalone_overlays_and_not_in_ha() -> None:
+    names = {p.name: len(_history_apiservices(render(p))) for p in OVERLAYS}
+    assert names["standalone"] == names["standalone-cert-manager"] == 1, names
+    assert names["multi-store"] == names["sharded"] == names["push"] == 0, names
+
+
+@overlay_param
+def test_aggregated_reader_grants_history_reads(overlay: Path) -> None:
+    """view/edit/admin (through the aggregation labels) may read history like metrics.k8s.io, read
+    only: every resource the API serves, with get and list, and no write verb."""
+    from kcms.apis.history.api import RESOURCES
+
+    reader = only(render(overlay), "ClusterRole", "system:aggregated-metrics-reader")
+    for resource in (r["name"] for r in RESOURCES):
+        for verb in ("get", "list"):
+            assert _grants(reader, "history.kcms.io", resource, verb), (resource, verb)
+    for verb in ("create", "update", "patch", "delete", "deletecollection"):
+        for resource in (r["name"] for r in RESOURCES):
+            assert not _grants(reader, "history.kcms.io", resource, verb)
