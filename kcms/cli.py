@@ -646,6 +646,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     add_history_flag(p)
     add_logging_flags(p)
+    # `kcms top` is `kubectl kcms top` (kcms/kubectl, its own flags): listed here, parsed there.
+    sub.add_parser("top", help="CPU and memory of nodes or pods with history, as `kubectl kcms top`", add_help=False)
     return parser
 
 
@@ -660,6 +662,10 @@ def setup_logging(verbosity: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
+    if words and words[0] == "top":  # the kubectl plugin's client only: no server module is imported
+        from kcms.kubectl import main as plugin_main
+
+        return plugin_main(words, prog="kcms")
     # Only the chosen sub-command's flags are built (and their modules imported); anything else
     # (no command, --help, --version, a typo) gets the whole parser and its usual message.
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
