@@ -210,6 +210,28 @@ def add_series_flags(p: argparse.ArgumentParser) -> None:
         "target; off: each target needs `create` on custom.metrics.k8s.io <resource>/<metric> or "
         "external.metrics.k8s.io <metric> in its namespace",
     )
+    # Prometheus remote write in (POST /api/v1/write, kcms/apis/remote_write.py, docs/remote-write.md)
+    g.add_argument(
+        "--remote-write-max-body-bytes",
+        type=positive_int,
+        default=8 << 20,
+        metavar="BYTES",
+        help="largest snappy-compressed remote-write body; larger: 413 (default 8388608)",
+    )
+    g.add_argument(
+        "--remote-write-max-decompressed-bytes",
+        type=positive_int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="largest decompressed size a remote-write body may declare; larger: 413 (default 67108864)",
+    )
+    g.add_argument(
+        "--remote-write-max-samples",
+        type=positive_int,
+        default=500_000,
+        metavar="N",
+        help="samples (and series) in one remote-write request; more: 413 (default 500000)",
+    )
 
 
 def add_agent_collector_flags(p: argparse.ArgumentParser) -> None:

@@ -55,10 +55,12 @@ from kcms.statusbody import status_object
 
 __all__ = [
     "ACCEPTED_ENCODINGS",
+    "HANDLER_ENCODINGS",
     "GuardOptions",
     "GuardedRunner",
     "REASONS",
     "REFUSALS",
+    "accepts_encoding",
     "status_body",
 ]
 
@@ -67,6 +69,15 @@ log = logging.getLogger(__name__)
 # Request Content-Encodings aiohttp decodes itself (brotli and zstd only with optional libraries,
 # which would make what the server accepts depend on what happens to be installed).
 ACCEPTED_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
+# Exact paths whose handler decodes the body itself in these encodings (aiohttp passes them through
+# undecoded): Prometheus remote write's snappy block (kcms/apis/remote_write.py, which bounds it).
+HANDLER_ENCODINGS: dict[str, frozenset[str]] = {"/api/v1/write": frozenset({"snappy"})}
+
+
+def accepts_encoding(path: str, encoding: str) -> bool:
+    """Whether a request body in ``encoding`` (lower case) may reach the handler of ``path``."""
+    return encoding in ACCEPTED_ENCODINGS or encoding in HANDLER_ENCODINGS.get(path, ())
+
 
 REASONS = (
     "bad_request",
@@ -333,7 +344,7 @@ class _GuardedServer(web.Server):
 
         async def encoding_check(request: web.BaseRequest) -> web.StreamResponse:
             encoding = request.headers.get("Content-Encoding", "").strip().lower()
-            if encoding not in ACCEPTED_ENCODINGS and request.body_exists:
+            if request.body_exists and not accepts_encoding(request.path, encoding):
                 code, reason, text, metric = _unsupported_encoding(encoding)
                 REFUSALS.labels(guard.listener, metric).inc()
                 log.info(

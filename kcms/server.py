@@ -19,6 +19,7 @@ import logging
 import signal
 from typing import Any
 
+from kcms.apis import remote_write
 from kcms.apis.custom import CustomMetricsAPI
 from kcms.apis.external import ExternalMetricsAPI
 from kcms.apis.metrics.api import MetricsAPI
@@ -113,6 +114,10 @@ class ServerProcess:
         self.server.install(ExternalMetricsAPI([self.provider]).group_version())
         self.push = PushAPI(writer, limits, allow_nonresource_grant=args.push_allow_nonresource_grant)
         self.push.install(self.server)  # authorized per target by the handler, with the server's authorizer
+        # Prometheus remote write in: authorized like pushes, sharing their series quota (docs/remote-write.md)
+        remote_write.install_from_args(
+            self.server, writer, args, quota=self.push.quota, namespaced=objects.namespaced
+        )
         self.server.add_check(
             "informer-sync",
             lambda: (True, "ok") if self.inventory.has_synced() else (False, "nodes and pods not listed yet"),

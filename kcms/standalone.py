@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from kcms.apis import remote_write
 from kcms.apis.custom import CustomMetricsAPI
 from kcms.apis.external import ExternalMetricsAPI
 from kcms.apis.history import HistoryAPI
@@ -163,6 +164,8 @@ def build_pipeline(
         allow_nonresource_grant=args.push_allow_nonresource_grant,
     )
     push.install(server)  # authorized per target by the handler, with the server's authorizer
+    # Prometheus remote write in: authorized like pushes, sharing their series quota (docs/remote-write.md)
+    remote_write.install_from_args(server, series, args, quota=push.quota, namespaced=objects.namespaced)
     server.add_check("metric-collection-timely", collector.healthy, livez=True, readyz=False)
     server.add_check("nodes-scraped", collector.missing_check, livez=False, readyz=True, report=True)
     server.add_check(

@@ -22,7 +22,7 @@ import prometheus_client
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from kcms.httpguard import ACCEPTED_ENCODINGS, GuardedRunner, GuardOptions
+from kcms.httpguard import GuardedRunner, GuardOptions, accepts_encoding
 from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
 from kcms.tasks import cancel_and_wait
@@ -366,7 +366,7 @@ class AggregatedAPIServer:
             user = ANONYMOUS
         _store(request, USER, "user", user)
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding not in ACCEPTED_ENCODINGS and request.body_exists:  # the guard refuses it first
+        if request.body_exists and not accepts_encoding(request.path, encoding):  # the guard refuses it first
             raise StatusError(415, "UnsupportedMediaType", "unsupported Content-Encoding")
         if always:
             metrics.AUTHORIZATIONS.labels("always-allowed-path").inc()
