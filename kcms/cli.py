@@ -481,6 +481,171 @@ def apply_ingest_flags(args: argparse.Namespace) -> None:
         limits.configure(max_future_skew=skew)
 
 
+def _metric_sources(text: str) -> tuple[str, ...]:
+    from kcms.apis.routing import parse_metric_sources
+
+    try:
+        return parse_metric_sources(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_prometheus_flags(p: argparse.ArgumentParser) -> None:
+    """The Prometheus bridge (docs/prometheus.md); names follow prometheus-adapter's where they map."""
+    g = p.add_argument_group("Prometheus bridge (prometheus-adapter flags where they map)")
+    g.add_argument(
+        "--prometheus-url",
+        default="",
+        metavar="URL",
+        help="Prometheus-compatible HTTP API to serve custom/external metrics from (Prometheus, Thanos "
+        "Query, Mimir/Cortex's /prometheus, VictoriaMetrics); default none",
+    )
+    g.add_argument(
+        "--config",
+        default="",
+        metavar="FILE",
+        help="prometheus-adapter configuration file (rules, externalRules, resourceRules)",
+    )
+    g.add_argument("--prometheus-ca-file", default="", metavar="FILE", help="CA bundle of Prometheus's certificate")
+    g.add_argument(
+        "--prometheus-client-cert",
+        "--prometheus-client-tls-cert-file",
+        dest="prometheus_client_cert",
+        default="",
+        metavar="FILE",
+        help="client certificate for Prometheus",
+    )
+    g.add_argument(
+        "--prometheus-client-key",
+        "--prometheus-client-tls-key-file",
+        dest="prometheus_client_key",
+        default="",
+        metavar="FILE",
+        help="key of --prometheus-client-cert",
+    )
+    g.add_argument(
+        "--prometheus-insecure-skip-tls-verify",
+        action="store_true",
+        help="do not verify Prometheus's certificate (testing only)",
+    )
+    g.add_argument(
+        "--prometheus-token-file",
+        default="",
+        metavar="FILE",
+        help="bearer token for Prometheus, re-read when the file changes",
+    )
+    g.add_argument(
+        "--prometheus-header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra header on every Prometheus request, repeatable (e.g. X-Scope-OrgID=tenant for Mimir)",
+    )
+    g.add_argument(
+        "--prometheus-verb",
+        choices=("GET", "POST"),
+        default="GET",
+        type=str.upper,
+        help="HTTP method of queries (default GET; POST for long queries)",
+    )
+    g.add_argument(
+        "--prometheus-query-timeout",
+        type=parse_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="cap on one Prometheus request; a read that exceeds it is a 504 (default 10s)",
+    )
+    g.add_argument(
+        "--prometheus-max-response-bytes",
+        type=positive_int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="a Prometheus response larger than this is refused (default 64 MiB)",
+    )
+    g.add_argument(
+        "--metrics-relist-interval",
+        type=parse_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="how often the rules' seriesQuery are relisted in the background for discovery (default 1m)",
+    )
+    g.add_argument(
+        "--metrics-max-age",
+        type=parse_duration,
+        default=0.0,
+        metavar="DURATION",
+        help="a relist sees series present in this last period (default: --metrics-relist-interval)",
+    )
+    g.add_argument(
+        "--resource-metrics-source",
+        choices=("kubelet", "prometheus"),
+        default="kubelet",
+        help="where metrics.k8s.io comes from: the kubelets (default) or the config's resourceRules",
+    )
+    g.add_argument(
+        "--metric-sources",
+        type=_metric_sources,
+        default=("store", "prometheus"),
+        metavar="SOURCES",
+        help="routing order: each custom/external metric is served by the first of these sources that "
+        "lists it; a source left out is not served (default store,prometheus)",
+    )
+
+
+def validate_prometheus_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The bridge's flags, and ``--config`` read and checked now (``args.adapter_config``): a bad
+    rule stops start-up naming the rule and field."""
+    import os
+
+    args.adapter_config = None
+    url = args.prometheus_url
+    if url:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            p.error(f"argument --prometheus-url: must be an http:// or https:// URL, not {url!r}")
+    for flag in ("prometheus_ca_file", "prometheus_client_cert", "prometheus_client_key", "prometheus_token_file"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            p.error(f"argument --{flag.replace('_', '-')}: no such file: {path}")
+    if bool(args.prometheus_client_cert) != bool(args.prometheus_client_key):
+        p.error("argument --prometheus-client-cert: give it with --prometheus-client-key")
+    if args.prometheus_insecure_skip_tls_verify and args.prometheus_ca_file:
+        p.error("argument --prometheus-insecure-skip-tls-verify: not allowed with --prometheus-ca-file")
+    for header in args.prometheus_header:
+        name, sep, value = header.partition("=")
+        if not sep or not name.strip() or any(c in header for c in "\r\n\0"):
+            p.error(f"argument --prometheus-header: expected NAME=VALUE, got {header!r}")
+    if args.prometheus_query_timeout <= 0:
+        p.error("argument --prometheus-query-timeout: must be positive")
+    if args.metrics_relist_interval < 1:
+        p.error("argument --metrics-relist-interval: must be at least 1s")
+    if args.metrics_max_age < 0:
+        p.error("argument --metrics-max-age: must not be negative")
+    if args.config:
+        from kcms.apis.prometheus.config import ConfigError, read_adapter_config
+
+        try:
+            args.adapter_config = read_adapter_config(args.config)
+        except ConfigError as e:
+            p.error(f"argument --config: {e}")
+    if url and args.adapter_config is None:
+        p.error("argument --prometheus-url: give --config (the prometheus-adapter rules to serve)")
+    if url:
+        from kcms.apis.prometheus.bridge import client_from_args
+
+        try:
+            client_from_args(args)  # URL, headers, TLS files: checked now, no connection made
+        except ValueError as e:
+            p.error(f"argument --prometheus-url: {e}")
+    if args.resource_metrics_source == "prometheus":
+        if not url:
+            p.error("argument --resource-metrics-source: prometheus needs --prometheus-url")
+        if args.adapter_config is None or args.adapter_config.resource_rules is None:
+            p.error("argument --resource-metrics-source: prometheus needs resourceRules in --config")
+
+
 def validate_kubelet_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.metric_resolution < 10:
         p.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
@@ -563,6 +728,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_history_flag(p)
     add_series_flags(p)
     add_agent_collector_flags(p)
+    add_prometheus_flags(p)
     add_serving_flags(p)
     add_auth_flags(p)
     add_ingest_flags(p)
@@ -613,6 +779,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         cli_ha.add_store_client_flags(p)
         cli_ha.add_push_server_flags(p)
         cli_ha.add_leader_flags(p, "kcms-server", default_on=True)
+        add_prometheus_flags(p)
         add_serving_flags(p)
         add_auth_flags(p)
         add_ingest_flags(p)
@@ -716,11 +883,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(simulate_main(args))
     if args.command == "demo":
         if args.metric_resolution < 10:
+        validate_prometheus_flags(sub, args)
             sub.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
         validate_history_flag(sub, args)
         from kcms.demo import run_demo
 
-        return asyncio.run(run_demo(args))
+        return asyncio.run(run_demo(args, build_parser("standalone")))
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -760,3 +928,4 @@ def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+    validate_prometheus_flags(sub, args)

@@ -86,11 +86,13 @@ current-context: kcms-demo
         f.write(text)
 
 
-def demo_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The `kcms standalone` flags the demo runs with (every other flag at its default)."""
-    from kcms.cli import build_parser
+def demo_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The `kcms standalone` flags the demo runs with (every other flag at its default).
 
-    return build_parser().parse_args(
+    ``parser`` is `kcms`'s own (``kcms.cli.build_parser("standalone")``), passed in by the caller:
+    the CLI imports this module, so importing the CLI back would be a cycle (tests/test_layout.py).
+    """
+    return parser.parse_args(
         [
             "standalone",
             "--kubelet-use-node-status-port",  # every simulated kubelet has a port of its own
@@ -102,7 +104,15 @@ def demo_args(args: argparse.Namespace) -> argparse.Namespace:
     )
 
 
-async def run_demo(args: argparse.Namespace) -> int:
+async def _take_down(cluster: SimulatedCluster, names: list[str], after: float) -> None:
+    """--down-nodes: these kubelets refuse connections from ``after`` seconds on (stale nodes)."""
+    await asyncio.sleep(after)
+    for name in names:
+        cluster.set_node_mode(name, "down")
+    log.info("demo: simulated kubelets %s are down now (--down-nodes)", ", ".join(names))
+
+
+async def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="kcms-demo-")
     os.makedirs(work_dir, exist_ok=True)
     client_ca, client_cert, client_key = issue_client_certificate(work_dir)
@@ -111,7 +121,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     )
     await cluster.start()
     inventory = StaticInventory(cluster.inventory_objects())
-    settings = demo_args(args)
+    settings = demo_args(args, parser)
     kubelets = KubeletClient(kubelet_config(settings, extra_ca_pem=[cluster.ca_pem.decode()]))
     serving = ServingOptions(
         secure_port=args.secure_port, bind_address="127.0.0.1", cert_dir=os.path.join(work_dir, "certs")
@@ -133,6 +143,8 @@ async def run_demo(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    dashboard = None
+    tasks: list[asyncio.Task] = []
     try:
         await pipeline.start()
         port = pipeline.server.port
@@ -164,6 +176,16 @@ async def run_demo(args: argparse.Namespace) -> int:
             f"  curl --cacert {pipeline.server.serving_cert_file} https://127.0.0.1:{port}/readyz?verbose",
             flush=True,
         )
+        if args.down_nodes:
+            names = sorted(cluster.node_names())[-args.down_nodes :]
+            tasks.append(asyncio.create_task(_take_down(cluster, names, 2 * args.metric_resolution + 1)))
+        if not args.no_dashboard:
+            from kcms.dashboard import open_dashboard
+
+            dashboard = await open_dashboard(kubeconfig, port=args.dashboard_port, context="kcms-demo")
+            print(
+                f"Dashboard (127.0.0.1 only; the URL holds this run's token):\n  {dashboard.url}", flush=True
+            )
         if args.exit_after:
             try:
                 await asyncio.wait_for(stop.wait(), args.exit_after)
@@ -172,6 +194,10 @@ async def run_demo(args: argparse.Namespace) -> int:
         else:
             await stop.wait()
     finally:
+        for task in tasks:
+            task.cancel()
+        if dashboard is not None:
+            await dashboard.stop()
         await pipeline.stop()
         await agents.stop()
         await cluster.stop()

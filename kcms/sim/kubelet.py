@@ -14,15 +14,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 from aiohttp import web
 
 from kcms.sim.workload import SimNode, go_ns, rfc3339
 
-if TYPE_CHECKING:
-    from kcms.sim.cluster import SimulatedCluster
+
+class KubeletHost(Protocol):
+    """What the kubelet app needs from the cluster serving it (``kcms.sim.cluster.SimulatedCluster``).
+
+    A protocol here rather than an import of the cluster, which imports this module: the
+    kubelet sits below the cluster and must not depend on it (tests/test_layout.py).
+    """
+
+    token: str | None
+
+    def node_for_request(self, request: web.Request) -> SimNode | None: ...
+
+    async def slow_wait(self) -> None: ...
 
 MODES = ("ok", "slow", "error", "garbage", "down")
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -202,7 +213,7 @@ def render_summary(node: SimNode, now: float) -> bytes:
     return orjson.dumps(body)
 
 
-def make_app(cluster: SimulatedCluster) -> web.Application:
+def make_app(cluster: KubeletHost) -> web.Application:
     """One aiohttp application serving every node; the node is found from the socket's local address."""
     app = web.Application()
     lookup: Callable[[web.Request], SimNode | None] = cluster.node_for_request
