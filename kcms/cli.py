@@ -868,6 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_series_flags(sub, args)
         validate_history_flag(sub, args)
         _check_files(sub, args, FILE_FLAGS)
+        validate_prometheus_flags(sub, args)
         from kcms.standalone import run_standalone
 
         return asyncio.run(run_standalone(args))
@@ -883,7 +884,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(simulate_main(args))
     if args.command == "demo":
         if args.metric_resolution < 10:
-        validate_prometheus_flags(sub, args)
             sub.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
         validate_history_flag(sub, args)
         from kcms.demo import run_demo
@@ -921,6 +921,7 @@ def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.node_stale_after <= 0:
         sub.error("argument --node-stale-after: must be positive")
     _check_files(sub, args, FILE_FLAGS + ("store_ca_file",))
+    validate_prometheus_flags(sub, args)
     from kcms.server import run_server
 
     return asyncio.run(run_server(args))
@@ -928,4 +929,3 @@ def _run_ha(sub: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-    validate_prometheus_flags(sub, args)
