@@ -25,11 +25,16 @@ from kcms.apis.external import ExternalMetricsAPI
 from kcms.apis.metrics.api import MetricsAPI
 from kcms.apis.objects import ObjectLabels
 from kcms.apis.push import PushAPI, PushLimits
+from kcms.apis.routing import route
 from kcms.apiserver import AggregatedAPIServer
 from kcms.standalone import KubeAccess, kube_access, serving_options
 from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+# --resource-metrics-source prometheus in `kcms server` (no --metric-resolution there): seconds between
+# resourceRules queries.
+PROMETHEUS_RESOURCE_INTERVAL = 15.0
 
 
 class ServerProcess:
@@ -108,10 +113,28 @@ class ServerProcess:
             writer = self.sink
             self.server.add_check("stores", self._stores_check, livez=False, readyz=True)
             self._store_state: tuple[bool, str] = (False, "stores not asked yet")
+        self.bridge: Any = None  # the Prometheus bridge (docs/prometheus.md), with --prometheus-url
+        self.resource_feed: Any = None
+        available: dict[str, Any] = {"store": self.provider}
+        if getattr(args, "prometheus_url", ""):
+            from kcms.apis.prometheus.bridge import PrometheusBridge
+            from kcms.store.resource import ResourceStore
+
+            self.bridge = PrometheusBridge.from_args(args, objects)
+            available["prometheus"] = self.bridge.provider
+            self.bridge.add_checks(self.server)
+            if self.bridge.resources_from_prometheus:  # metrics.k8s.io from resourceRules, in-process
+                metrics_store = ResourceStore(PROMETHEUS_RESOURCE_INTERVAL)
+                self.resource_feed = self.bridge.resource_feed(
+                    self.inventory, metrics_store, PROMETHEUS_RESOURCE_INTERVAL, metrics_store.expire
+                )
         self.server.install(MetricsAPI(self.inventory, metrics_store).group_version())
-        for gv in CustomMetricsAPI([self.provider], objects).group_versions():
+        # One source per metric: the first in --metric-sources order that lists it (kcms/apis/routing.py).
+        served = route(getattr(args, "metric_sources", None), available)
+        served.install(self.server)  # GET /debug/metric-sources
+        for gv in CustomMetricsAPI([served], objects).group_versions():
             self.server.install(gv)
-        self.server.install(ExternalMetricsAPI([self.provider]).group_version())
+        self.server.install(ExternalMetricsAPI([served]).group_version())
         self.push = PushAPI(writer, limits, allow_nonresource_grant=args.push_allow_nonresource_grant)
         self.push.install(self.server)  # authorized per target by the handler, with the server's authorizer
         # Prometheus remote write in: authorized like pushes, sharing their series quota (docs/remote-write.md)
@@ -166,6 +189,10 @@ class ServerProcess:
             self._tasks.append(asyncio.create_task(self._series_gc(), name="kcms-server-series-gc"))
         if self.elector is not None:
             self.elector.start()
+        if self.bridge is not None:  # its first relist before serving
+            await self.bridge.start()
+        if self.resource_feed is not None:
+            self.resource_feed.start()
         await self.server.start()
 
     async def _series_gc(self) -> None:
@@ -178,6 +205,10 @@ class ServerProcess:
 
         self.server.set_shutting_down()
         await self.server.stop()
+        if self.resource_feed is not None:
+            await self.resource_feed.stop()
+        if self.bridge is not None:
+            await self.bridge.stop()
         if self.elector is not None:
             await self.elector.stop()
         for task in self._tasks:

@@ -18,6 +18,7 @@ from kcms.apis.metrics.api import MetricsAPI
 from kcms.apis.objects import ObjectLabels
 from kcms.apis.provider import StoreProvider
 from kcms.apis.push import PushAPI, PushLimits
+from kcms.apis.routing import route
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
@@ -74,6 +75,7 @@ class Pipeline:
     series: SeriesStore
     push: PushAPI
     agents: AgentCollector | None = None
+    bridge: Any = None  # the Prometheus bridge (kcms/apis/prometheus/bridge.py), with --prometheus-url
     _gc: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -81,11 +83,15 @@ class Pipeline:
         if self.agents is not None:
             self.agents.start()
         self._gc = asyncio.create_task(self._collect_series_garbage(), name="kcms-series-gc")
+        if self.bridge is not None:  # its first relist before serving: discovery has its metrics at once
+            await self.bridge.start()
         await self.server.start()
 
     async def stop(self) -> None:
         self.server.set_shutting_down()
         await self.server.stop()
+        if self.bridge is not None:
+            await self.bridge.stop()
         await self.collector.stop()
         if self.agents is not None:
             await self.agents.stop()
@@ -137,6 +143,14 @@ def build_pipeline(
         node_filter=None if selector.empty else (lambda n: selector.matches(n.labels)),
         on_cycle=after_cycle,
     )
+    objects = ObjectLabels(inventory, kube_client)
+    bridge = None
+    if getattr(args, "prometheus_url", ""):  # the Prometheus bridge (docs/prometheus.md)
+        from kcms.apis.prometheus.bridge import PrometheusBridge
+
+        bridge = PrometheusBridge.from_args(args, objects)
+        if bridge is not None and bridge.resources_from_prometheus:  # metrics.k8s.io from resourceRules
+            collector = bridge.resource_feed(inventory, store, resolution, after_cycle)
     series = SeriesStore(
         retention=args.series_retention,
         stale_after=args.series_stale_after,
@@ -149,11 +163,17 @@ def build_pipeline(
         server.install(HistoryAPI(inventory, history, scrapes).group_version())
     # custom.metrics.k8s.io and external.metrics.k8s.io over the series store: one server for
     # all three groups (Kubernetes allows one backend per group; here they share one process).
-    objects = ObjectLabels(inventory, kube_client)
     provider = StoreProvider(series, objects.namespaced)
-    for gv in CustomMetricsAPI([provider], objects).group_versions():
+    # One source per metric: the first in --metric-sources order that lists it (kcms/apis/routing.py).
+    available: dict[str, Any] = {"store": provider}
+    if bridge is not None:
+        available["prometheus"] = bridge.provider
+        bridge.add_checks(server)
+    served = route(getattr(args, "metric_sources", None), available)
+    served.install(server)  # GET /debug/metric-sources
+    for gv in CustomMetricsAPI([served], objects).group_versions():
         server.install(gv)
-    server.install(ExternalMetricsAPI([provider]).group_version())
+    server.install(ExternalMetricsAPI([served]).group_version())
     push = PushAPI(
         series,
         PushLimits(
@@ -193,7 +213,7 @@ def build_pipeline(
             inventory=inventory,  # each agent's samples bound to its node (kcms/nodescope.py)
         )
         server.add_check("agent-collection-timely", agents.healthy, livez=True, readyz=False)
-    return Pipeline(inventory, store, kubelets, collector, server, series, push, agents)
+    return Pipeline(inventory, store, kubelets, collector, server, series, push, agents, bridge)
 
 
 def serving_options(args: argparse.Namespace) -> ServingOptions:
