@@ -833,6 +833,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         metavar="DURATION",
         help="stop after this long (default: run until interrupted)",
     )
+    p.add_argument(
+        "--dashboard-port",
+        type=port,
+        default=0,
+        help="port of the dashboard on 127.0.0.1 (docs/dashboard.md; default 0: a free port, printed)",
+    )
+    p.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard")
+    p.add_argument(
+        "--down-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the last N simulated kubelets stop answering after two scrapes, to show stale nodes and "
+        "scrape errors (default 0)",
+    )
     add_history_flag(p)
     add_logging_flags(p)
     # `kcms top` is `kubectl kcms top` (kcms/kubectl, its own flags): listed here, parsed there.
@@ -886,6 +901,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metric_resolution < 10:
             sub.error(f"argument --metric-resolution: must be at least 10s, got {args.metric_resolution:g}s")
         validate_history_flag(sub, args)
+        if not 0 <= args.down_nodes <= args.nodes:
+            sub.error(f"argument --down-nodes: must be between 0 and --nodes ({args.nodes}), got {args.down_nodes}")
         from kcms.demo import run_demo
 
         return asyncio.run(run_demo(args, build_parser("standalone")))

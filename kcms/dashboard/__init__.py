@@ -14,6 +14,11 @@ Entry points (used by ``kubectl kcms dashboard`` in kcms/kubectl and by ``kcms d
     ) -> DashboardServer                      # started; .url (with the token), .port, .token,
                                               # await .stop() (does not close ``kube``)
 
+    async def open_dashboard(                 # what `kcms demo` uses: loads the client itself,
+        kubeconfig: str | None, port: int = 0,  # and .stop() closes it
+        *, context: str | None = None, refresh: float | None = None,
+    ) -> DashboardServer                      # KubeConfigError for an unusable kubeconfig
+
     def run_dashboard(
         kubeconfig: str | None = None,        # None: $KUBECONFIG's first file, else ~/.kube/config,
                                               # else the in-cluster service account
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
     from kcms.dashboard.server import DashboardServer
     from kcms.kube.client import KubeClient
 
-__all__ = ["serve_dashboard", "run_dashboard", "default_kubeconfig"]
+__all__ = ["serve_dashboard", "open_dashboard", "run_dashboard", "default_kubeconfig"]
 
 
 async def serve_dashboard(
@@ -63,6 +68,23 @@ async def serve_dashboard(
         raise ValueError(f"refresh must be between 1 and 3600 seconds, not {refresh!r}")
     server = DashboardServer(kube, port, refresh=refresh, context=context)
     await server.start()
+    return server
+
+
+async def open_dashboard(
+    kubeconfig: str | None, port: int = 0, *, context: str | None = None, refresh: float | None = None
+) -> DashboardServer:
+    """Load ``kubeconfig`` (``context``) and serve the dashboard for it; its `stop` closes the client."""
+    from kcms.dashboard.server import DashboardServer
+    from kcms.kube.client import KubeClient
+
+    kube = await KubeClient.load(kubeconfig, context)
+    server = DashboardServer(kube, port, refresh=refresh, context=context or "", owns_kube=True)
+    try:
+        await server.start()
+    except BaseException:
+        await kube.close()
+        raise
     return server
 
 

@@ -44,6 +44,7 @@ ALLOWED_PATHS: tuple[re.Pattern[str], ...] = tuple(
         r"/apis/custom\.metrics\.k8s\.io/v1beta2",
         rf"/apis/custom\.metrics\.k8s\.io/v1beta2/{_RESOURCE}/{_OBJECT}/{_METRIC}",
         rf"/apis/custom\.metrics\.k8s\.io/v1beta2/namespaces/{_NAME}/{_RESOURCE}/{_OBJECT}/{_METRIC}",
+        rf"/apis/custom\.metrics\.k8s\.io/v1beta2/namespaces/{_NAME}/metrics/{_METRIC}",  # the namespace's own
         r"/apis/external\.metrics\.k8s\.io/v1beta1",
         rf"/apis/external\.metrics\.k8s\.io/v1beta1/namespaces/{_NAME}/{_METRIC}",
         r"/api/v1/nodes",
@@ -80,8 +81,8 @@ def check(raw_path: str, query: Mapping[str, str] | Any) -> Upstream:
     query (a multidict), or `Refused`."""
     if len(raw_path) > MAX_PATH:
         raise Refused("path", f"path over {MAX_PATH} characters")
-    # Percent-escapes could hide "/" or ".." from the patterns below; no allowed path needs one
-    # except the "*" of a custom metric query, which the page sends unescaped.
+    # Percent-escapes could hide "/" or ".." from the patterns below; no allowed path needs one (the
+    # page sends the "*" of a custom metric query and the ":" of a metric name unescaped).
     if (
         "%" in raw_path
         or "//" in raw_path

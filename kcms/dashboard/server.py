@@ -79,12 +79,20 @@ def load_static() -> dict[str, tuple[bytes, str]]:
 
 
 class DashboardServer:
-    """One running dashboard: `url` (with its token) is what the user opens. Does not own ``kube``."""
+    """One running dashboard: `url` (with its token) is what the user opens. Closes ``kube`` on
+    `stop` only when ``owns_kube``."""
 
     def __init__(
-        self, kube: KubeClient, port: int = 0, *, refresh: float | None = None, context: str = ""
+        self,
+        kube: KubeClient,
+        port: int = 0,
+        *,
+        refresh: float | None = None,
+        context: str = "",
+        owns_kube: bool = False,
     ) -> None:
         self.kube = kube
+        self.owns_kube = owns_kube  # stop() closes the client too (open_dashboard loaded it)
         self.requested_port = port
         self.refresh = refresh
         self.context = context
@@ -115,6 +123,8 @@ class DashboardServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.owns_kube:
+            await self.kube.close()
 
     # ---- protection ----------------------------------------------------------------------------
     def _refuse(self, request: web.Request, reason: str, code: int, message: str) -> web.Response:

@@ -137,7 +137,9 @@
     await Promise.all(Array.from({ length: Math.min(limit, tasks.length) }, worker));
     return out;
   }
-  const enc = encodeURIComponent;
+  // A path segment; ":" (legal in a path, common in recorded metric names) stays as it is: the proxy
+  // refuses every percent-escape.
+  const enc = (s) => encodeURIComponent(s).replace(/%3A/gi, ":");
 
   // ---- one refresh ------------------------------------------------------------------------------
   async function load() {
@@ -147,12 +149,17 @@
     };
     const ns = $("namespace").value;
     const podsPath = ns ? `/namespaces/${enc(ns)}/pods` : "/pods";
+    // Allocatable changes rarely and a NodeList is large (or absent: 404 on an API server that only
+    // serves the metrics groups, such as `kcms demo`): read it on the first and every 20th refresh.
+    const askNodes = state.nodeListAge === undefined || state.nodeListAge >= 20;
     const [nodes, pods, hist, nodeList] = await Promise.all([
       api("/apis/metrics.k8s.io/v1beta1/nodes"),
       api("/apis/metrics.k8s.io/v1beta1" + podsPath),
       api("/apis/history.kcms.io/v1alpha1"),
-      api("/api/v1/nodes"),
+      askNodes ? api("/api/v1/nodes") : Promise.resolve(state.nodeList),
     ]);
+    state.nodeListAge = askNodes ? 1 : state.nodeListAge + 1;
+    state.nodeList = nodeList;
     note("node metrics", nodes);
     note("pod metrics", pods);
     state.history = hist.status === 200;
@@ -309,7 +316,8 @@
       cursor: { show: false },
       legend: { show: false },
       select: { show: false },
-      scales: { x: { time: false }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+      // The row's own range (its shape); the large chart of a selected row starts at zero.
+      scales: { x: { time: false }, y: { range: (u, min, max) => (max > min ? [min - (max - min) * 0.1, max + (max - min) * 0.1] : [min * 0.9, max * 1.1 + 1e-9]) } },
       axes: [{ show: false }, { show: false }],
       series: [{}, { stroke: color, fill: color + "22", width: 1.25, points: { show: xs.length < 3 } }],
     };
@@ -331,7 +339,7 @@
       width,
       height: 200,
       scales: { y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
-      axes: [{}, { values: (u, vals) => vals.map((v) => fmt(v)), size: 60 }],
+      axes: [{ values: (u, vals) => vals.map((v) => clock(new Date(v * 1000))) }, { values: (u, vals) => vals.map((v) => fmt(v)), size: 60 }],
       series: [
         {},
         ...series.values.map((_, i) => ({
@@ -443,8 +451,17 @@
     for (const name of missing) {
       staleCount += scrapes.get(name) && scrapes.get(name).stale ? 1 : 0;
       if (!matches(name)) continue;
+      // Absent from metrics.k8s.io (a stale node is reported missing, never with a frozen value);
+      // its history until it went silent is still charted.
       const row = el("tr", { "data-node": name, class: "missing" }, el("td", { class: "name" }, name));
-      for (let i = 1; i < cols.length - 1; i++) row.appendChild(el("td", { class: "num" }, "—"));
+      const spark = snap.history ? 2 : 0;
+      for (let i = 1; i < cols.length - 1 - spark; i++) row.appendChild(el("td", { class: "num" }, "—"));
+      if (spark) {
+        const h = nodeHist.get(name);
+        const s = h ? nodeSeries(h) : { xs: [], cpu: [[]], mem: [[]] };
+        row.appendChild(el("td", { class: "chart-cell" }, sparkline(s.cpu[0], s.xs, COLORS[1], `CPU of ${name}`)));
+        row.appendChild(el("td", { class: "chart-cell" }, sparkline(s.mem[0], s.xs, COLORS[1], `memory of ${name}`)));
+      }
       row.appendChild(el("td", { class: "status" }, nodeStatus(name, false)));
       selectable(row, { kind: "node", name });
       nbody.appendChild(row);
@@ -491,7 +508,7 @@
     topTable($("top-cpu"), podRows.filter((r) => r.cpu !== null), (r) => r.cpu, fmtCPU);
     topTable($("top-memory"), podRows.filter((r) => r.memory !== null), (r) => r.memory, fmtMem);
 
-    renderSummary(snap, podRows, alloc, staleCount);
+    renderSummary(snap, podRows, alloc, staleCount, nodeRows.length + missing.length);
     renderCustom(snap.custom);
     renderExternal(snap.external);
     renderScrapes(snap);
@@ -534,7 +551,7 @@
   function card(label, value, sub, kind) {
     return el("div", { class: `card ${kind || ""}` }, el("div", { class: "label" }, label), el("div", { class: "value" }, value), el("div", { class: "sub muted" }, sub || ""));
   }
-  function renderSummary(snap, podRows, alloc, staleCount) {
+  function renderSummary(snap, podRows, alloc, staleCount, nodeCount) {
     const box = $("summary");
     clear(box);
     const cpu = snap.nodes.reduce((t, n) => t + (nanos((n.usage || {}).cpu) || 0n), 0n);
@@ -546,7 +563,7 @@
       cpuSub = `of ${milli(ac)}m allocatable`;
       memSub = `of ${whole(am) / 1048576n}Mi allocatable`;
     }
-    box.appendChild(card("Nodes", String(snap.nodes.length), staleCount ? `${staleCount} stale` : "with metrics", staleCount ? "bad" : ""));
+    box.appendChild(card("Nodes", String(nodeCount), staleCount ? `${staleCount} stale, ${snap.nodes.length} with metrics` : `${snap.nodes.length} with metrics`, staleCount ? "bad" : ""));
     box.appendChild(card("Pods", String(podRows.length), $("namespace").value || "all namespaces"));
     box.appendChild(card("CPU", fmtCPU(cpu), cpuSub));
     box.appendChild(card("Memory", fmtMem(mem), memSub));
@@ -570,12 +587,14 @@
     );
     for (const m of custom.metrics) {
       const windows = [...new Set(m.items.map((i) => (i.windowSeconds === undefined || i.windowSeconds === null ? "—" : `${i.windowSeconds}s`)))];
+      const values = m.items.map((i) => nanos(i.value)).filter((v) => v !== null).map((v) => Number(v) / 1e9);
+      const range = values.length ? ` · values ${+Math.min(...values).toPrecision(4)} to ${+Math.max(...values).toPrecision(4)}` : "";
       const summary = el(
         "summary",
         {},
         el("span", { class: "metric" }, m.metric),
         " ",
-        el("span", { class: "muted" }, `${m.resource}${m.namespaced ? "" : " (cluster)"} · ${m.items.length} object(s) · window ${windows.join(", ") || "—"}`)
+        el("span", { class: "muted" }, `${m.resource}${m.namespaced ? "" : " (cluster)"} · ${m.items.length} object(s)${range} · window ${windows.join(", ") || "—"}`)
       );
       const table = el("table", { class: "values" });
       table.appendChild(el("thead", {}, el("tr", {}, el("th", {}, "Object"), el("th", {}, "Labels"), el("th", {}, "Value"), el("th", {}, "Window"), el("th", {}, "Time"))));
@@ -618,13 +637,21 @@
     setText("external-note", `${external.metrics.length} metric(s) discovered.`);
     for (const m of external.metrics) {
       if (!m.items.length) body.appendChild(el("tr", { "data-metric": m.metric }, el("td", { class: "metric" }, m.metric), el("td", { class: "muted" }, "no values")));
+      // The same series is often served in every namespace (KCMS and prometheus-adapter rules without
+      // a namespace label): identical answers are one row naming the namespaces that gave them.
+      const groups = new Map();
       for (const i of m.items) {
+        const key = JSON.stringify([labelText(i.metricLabels), i.value, i.windowSeconds, i.timestamp]);
+        if (groups.has(key)) groups.get(key).namespaces.push(i.namespace);
+        else groups.set(key, { ...i, namespaces: [i.namespace] });
+      }
+      for (const i of groups.values()) {
         body.appendChild(
           el(
             "tr",
             { "data-metric": m.metric },
             el("td", { class: "metric" }, m.metric),
-            el("td", { class: "namespace" }, i.namespace),
+            el("td", { class: "namespace" }, i.namespaces.join(", ")),
             el("td", { class: "labels" }, labelText(i.metricLabels)),
             el("td", { class: "num value" }, fmtValue(i.value)),
             el("td", { class: "num window" }, i.windowSeconds === undefined || i.windowSeconds === null ? "—" : `${i.windowSeconds}s`),
