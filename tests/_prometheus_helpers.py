@@ -1,6 +1,6 @@
 """A real Prometheus scraping the simulated exporter (kcms/sim/prometheus.py), for the Prometheus
 bridge's tests. Fixtures are declared with ``name=`` so a test module imports them:
-``from _prometheus_helpers import prom, prom_exporter  # noqa: F401``.
+``from _prometheus_helpers import prom_fixture  # noqa: F401`` (the fixture is then ``prom``).
 
 ``prom`` is one running Prometheus per test module (module scope: it takes seconds to start and
 to scrape), already scraped the exporter (and every target up) :data:`SCRAPES` times, waited on
@@ -12,7 +12,6 @@ with the install hint, never skips it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -39,9 +38,11 @@ class PromEnv:
     def wait_scrapes(self, n: int) -> None:
         self.prometheus.wait_scrapes_sync(n, WAIT_LIMIT)
 
-    def series_age(self) -> float:
-        """Seconds since the exporter's counters started (a rate window must stay under it)."""
-        return time.time() - self.exporter.t0
+    def rate_window(self, seconds: int = 4) -> str:
+        """A range for ``rate()`` that Prometheus's samples fully cover (waits for enough scrapes
+        first), so the rate is the exporter's known rate, not cut short by extrapolation limits."""
+        self.wait_scrapes(int(seconds / SCRAPE_INTERVAL) + 3)
+        return f"{seconds}s"
 
 
 def start_prom_env(exporter: SimExporter, scrapes: int = SCRAPES) -> tuple[PromEnv, ThreadedExporter]:

@@ -64,6 +64,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -98,11 +99,12 @@ class PrometheusNotInstalled(RuntimeError):
     """No ``prometheus`` binary: the message says how to install it."""
 
 
-def prometheus_binary() -> str:
-    """The path of the ``prometheus`` binary, or :class:`PrometheusNotInstalled`."""
-    found = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
-    )
+def prometheus_binary(search_path: str | None = None) -> str:
+    """The path of the ``prometheus`` binary on ``search_path`` (default: ``$PATH``, then
+    ``/usr/bin``), or :class:`PrometheusNotInstalled` naming the install command."""
+    found = shutil.which("prometheus", path=search_path)
+    if not found and search_path is None and os.access("/usr/bin/prometheus", os.X_OK):
+        found = "/usr/bin/prometheus"
     if not found:
         raise PrometheusNotInstalled(f"the prometheus binary is not installed: {INSTALL_HINT}")
     return found
@@ -389,6 +391,9 @@ class RealPrometheus:
         extra_config: dict[str, Any] | None = None,
         extra_args: Sequence[str] = (),
         start_timeout: float = 60.0,
+        web_config: dict[str, Any] | None = None,
+        client_ssl: ssl.SSLContext | None = None,
+        route_prefix: str = "",
     ) -> None:
         self.binary = prometheus_binary()
         self.targets = list(targets)
@@ -397,13 +402,19 @@ class RealPrometheus:
         self.extra_config = extra_config or {}
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
+        self.web_config = web_config  # --web.config.file: tls_server_config, basic_auth_users
+        self.client_ssl = client_ssl  # how its own reads (readiness, api()) verify and authenticate
+        self.route_prefix = route_prefix.strip("/")  # --web.route-prefix: its API under /<prefix>/
         self.port = 0
         self.dir = ""
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The base URL (with the route prefix, if any): what ``--prometheus-url`` takes."""
+        scheme = "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+        prefix = f"/{self.route_prefix}" if self.route_prefix else ""
+        return f"{scheme}://127.0.0.1:{self.port}{prefix}"
 
     def config(self) -> dict[str, Any]:
         interval = f"{int(self.scrape_interval * 1000)}ms"
@@ -431,6 +442,14 @@ class RealPrometheus:
         config = os.path.join(self.dir, "prometheus.yml")
         with open(config, "w") as f:
             json.dump(self.config(), f)  # JSON is YAML
+        args = list(self.extra_args)
+        if self.web_config is not None:
+            web = os.path.join(self.dir, "web.yml")
+            with open(web, "w") as f:
+                json.dump(self.web_config, f)
+            args.append(f"--web.config.file={web}")
+        if self.route_prefix:
+            args.append(f"--web.route-prefix=/{self.route_prefix}")
         for _attempt in range(3):  # a port taken between free_port() and the bind: try another
             self.port = free_port()
             log = open(os.path.join(self.dir, "prometheus.log"), "wb")  # noqa: SIM115
@@ -442,7 +461,7 @@ class RealPrometheus:
                     f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
                     "--storage.tsdb.retention.time=2h",
                     "--log.level=warn",
-                    *self.extra_args,
+                    *args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -462,7 +481,7 @@ class RealPrometheus:
             if self.proc is None or self.proc.poll() is not None:
                 return False
             with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2, context=self.client_ssl) as r:
                     if r.status == 200:
                         return True
             time.sleep(0.1)
@@ -500,7 +519,9 @@ class RealPrometheus:
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>`` with ``params``; the ``data`` of a success, else RuntimeError."""
         query = urllib.parse.urlencode(params)
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=30) as r:
+        with urllib.request.urlopen(
+            f"{self.url}/api/v1/{path}?{query}", timeout=30, context=self.client_ssl
+        ) as r:
             doc = json.load(r)
         if doc.get("status") != "success":
             raise RuntimeError(f"prometheus: {doc}")

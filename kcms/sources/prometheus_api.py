@@ -52,6 +52,7 @@ the floats they name (callers decide what a NaN or infinity means for them). An 
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import re
 import ssl
@@ -192,7 +193,8 @@ class PrometheusClient:
         # user:password@ in the URL is sent as basic auth (Go's client, hence prometheus-adapter,
         # does the same) and kept out of ``self.url``, which is for log lines.
         self._basic = (
-            aiohttp.BasicAuth(parsed.user or "", parsed.password or "")
+            "Basic "
+            + base64.b64encode(f"{parsed.user or ''}:{parsed.password or ''}".encode()).decode("ascii")
             if parsed.raw_user is not None
             else None
         )
@@ -302,7 +304,8 @@ class PrometheusClient:
         session = self._client()
         kwargs: dict[str, Any] = {"headers": headers, "allow_redirects": False}
         if self._basic is not None and "Authorization" not in headers:
-            kwargs["auth"] = self._basic
+            headers = {**headers, "Authorization": self._basic}
+            kwargs["headers"] = headers
         if self.method == "POST":
             # aiohttp form-encodes a list of pairs (application/x-www-form-urlencoded)
             kwargs["data"] = params
@@ -341,7 +344,10 @@ class PrometheusClient:
             raise _prometheus_error(doc, status)
         if not ok:
             where = resp.headers.get("Location", "") if 300 <= status < 400 else ""
-            text = f"redirected to {printable(where, 200)}; give the final URL" if where else _snippet(body)
+            if where:
+                text = f"redirected to {printable(where, 200)}; give the final URL"
+            else:
+                text = f"(a body over {MAX_ERROR_BODY_BYTES} bytes, not read)" if cut else _snippet(body)
             reason = f"http_{status}" if 100 <= status <= 599 else BAD_RESPONSE
             raise PrometheusError(reason, f"Prometheus answered HTTP {status}: {text}", status=status)
         if doc is None:
