@@ -134,22 +134,24 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 
 
 class _Reader:
-    """Typed access to one YAML mapping with its path, refusing unknown keys."""
+    """Typed access to one YAML mapping with its path; keys other than ``fields`` are refused."""
 
-    def __init__(self, value: Any, path: str) -> None:
+    def __init__(self, value: Any, path: str, fields: tuple[str, ...]) -> None:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {_kind(value)}")
         self.value = value
         self.path = path
-        self.used: set[str] = set()
+        # unknown keys first: a misspelt key is more often the cause than the "required" it leads to
+        for key in value:
+            if key not in fields:
+                raise ConfigError(f"{self.at(str(key))}: unknown field {str(key)!r}")
 
     def at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
     def get(self, key: str) -> Any:
-        self.used.add(key)
         return self.value.get(key)
 
     def string(self, key: str) -> str:
@@ -176,11 +178,6 @@ class _Reader:
             raise ConfigError(f"{self.at(key)}: expected a list, got {_kind(value)}")
         return value
 
-    def finish(self) -> None:
-        for key in self.value:
-            if key not in self.used:
-                raise ConfigError(f"{self.at(str(key))}: unknown field {str(key)!r}")
-
 
 def _kind(value: Any) -> str:
     return {
@@ -194,7 +191,7 @@ def _kind(value: Any) -> str:
 
 
 def _resource_mapping(r: _Reader) -> ResourceMapping:
-    m = _Reader(r.get("resources"), r.at("resources"))
+    m = _Reader(r.get("resources"), r.at("resources"), ("template", "overrides", "namespaced"))
     template = m.string("template")
     overrides: list[tuple[str, str, str]] = []
     raw = m.get("overrides")
@@ -207,48 +204,45 @@ def _resource_mapping(r: _Reader) -> ResourceMapping:
             where = f"{m.at('overrides')}.{label}"
             if not isinstance(label, str) or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label):
                 raise ConfigError(f"{where}: {label!r} is not a Prometheus label name")
-            t = _Reader(target, where)
+            t = _Reader(target, where, ("group", "resource"))
             group, resource = t.string("group"), t.string("resource")
-            t.finish()
             if not resource:
                 raise ConfigError(f"{where}.resource: required (the group-resource the label names)")
             overrides.append((label, group, resource))
     namespaced = m.boolean("namespaced")
-    m.finish()
     return ResourceMapping(template=template, overrides=tuple(overrides), namespaced=namespaced)
 
 
+_RULE_FIELDS = ("seriesQuery", "seriesFilters", "resources", "name", "metricsQuery")
+
+
 def _discovery_rule(value: Any, path: str) -> DiscoveryRule:
-    r = _Reader(value, path)
+    r = _Reader(value, path, _RULE_FIELDS)
     series_query = r.string("seriesQuery")
     if not series_query.strip():
         raise ConfigError(f"{r.at('seriesQuery')}: required (the series selector for /api/v1/series)")
     filters = []
     for i, raw in enumerate(r.items("seriesFilters")):
-        f = _Reader(raw, f"{r.at('seriesFilters')}[{i}]")
+        f = _Reader(raw, f"{r.at('seriesFilters')}[{i}]", ("is", "isNot"))
         filters.append(RegexFilter(is_=f.string("is"), is_not=f.string("isNot")))
-        f.finish()
     resources = _resource_mapping(r)
-    n = _Reader(r.get("name"), r.at("name"))
+    n = _Reader(r.get("name"), r.at("name"), ("matches", "as"))
     name = NameMapping(matches=n.string("matches"), as_=n.string("as"))
-    n.finish()
     metrics_query = r.string("metricsQuery")
     if not metrics_query:
         raise ConfigError(
             f"{r.at('metricsQuery')}: required (the query template, e.g. 'sum(<<.Series>>{{<<.LabelMatchers>>}}) by (<<.GroupBy>>)')"
         )
-    r.finish()
     return DiscoveryRule(series_query, metrics_query, tuple(filters), resources, name, path)
 
 
 def _resource_rule(value: Any, path: str) -> ResourceRuleConfig:
     if value is None:
         raise ConfigError(f"{path}: required when resourceRules is set")
-    r = _Reader(value, path)
+    r = _Reader(value, path, ("containerQuery", "nodeQuery", "resources", "containerLabel"))
     container_query, node_query = r.string("containerQuery"), r.string("nodeQuery")
     container_label = r.string("containerLabel")
     resources = _resource_mapping(r)
-    r.finish()
     for key, text in (
         ("containerQuery", container_query),
         ("nodeQuery", node_query),
@@ -268,7 +262,7 @@ def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from None
-    top = _Reader(doc, "")
+    top = _Reader(doc, "", ("rules", "externalRules", "resourceRules"))
     rules = tuple(_discovery_rule(v, f"rules[{i}]") for i, v in enumerate(top.items("rules")))
     external = tuple(
         _discovery_rule(v, f"externalRules[{i}]") for i, v in enumerate(top.items("externalRules"))
@@ -276,7 +270,7 @@ def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
     resource_rules = None
     raw_rr = top.get("resourceRules")
     if raw_rr is not None:
-        rr = _Reader(raw_rr, "resourceRules")
+        rr = _Reader(raw_rr, "resourceRules", ("cpu", "memory", "window"))
         cpu = _resource_rule(rr.get("cpu"), "resourceRules.cpu")
         memory = _resource_rule(rr.get("memory"), "resourceRules.memory")
         window_raw = rr.get("window")
@@ -292,9 +286,7 @@ def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
                 raise ConfigError(f"resourceRules.window: {exc}") from None
             if window == 0:
                 window = DEFAULT_WINDOW  # the adapter leaves a zero window to its 1m default too
-        rr.finish()
         resource_rules = ResourceRules.from_config(cpu, memory, window)
-    top.finish()
     namers = tuple(MetricNamer.from_rule(rule, external=False) for rule in rules)
     external_namers = tuple(MetricNamer.from_rule(rule, external=True) for rule in external)
     warnings = tuple(

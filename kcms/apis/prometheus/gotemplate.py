@@ -137,12 +137,18 @@ def _printf(fmt: str, *args: Any) -> str:
 
 
 def _compare(name: str, a: Any, b: Any) -> bool:
-    if type(a) is not type(b) and not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+    """Go's ``eq``/``ne``/``lt``/``le``/``gt``/``ge``: basic values only, of one kind (numbers compare
+    with numbers); booleans only for ``eq``/``ne``; slices and maps are not comparable."""
+    for v in (a, b):
+        if not isinstance(v, (str, int, float)) or (isinstance(v, bool) and name not in ("eq", "ne")):
+            raise TemplateError(f"error calling {name}: invalid type for comparison")
+    numbers = (int, float)
+    same = (isinstance(a, bool) == isinstance(b, bool)) and (
+        (isinstance(a, str) and isinstance(b, str)) or (isinstance(a, numbers) and isinstance(b, numbers))
+    )
+    if not same:
         raise TemplateError(f"error calling {name}: incompatible types for comparison")
-    try:
-        return {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[name]
-    except TypeError:
-        raise TemplateError(f"error calling {name}: invalid type for comparison") from None
+    return {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[name]
 
 
 def _call(name: str, args: list[Any]) -> Any:

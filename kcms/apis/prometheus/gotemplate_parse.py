@@ -180,7 +180,7 @@ def _split_actions(text: str) -> list[tuple[str, str]]:
             or text.startswith("-\n", inner_start)
         ):
             chunk = chunk.rstrip(" \t\r\n")
-            inner_start += 1
+            inner_start += 2  # the marker is "-" and one space
         if chunk:
             items.append(("text", chunk))
         if text.startswith("/*", inner_start):

@@ -295,9 +295,10 @@ def go_expand(template: str, match: re.Match[str]) -> str:
             name = m.group()
             consumed = len(name)
         i += 1 + consumed
-        if name.isdigit():
-            # Go parses the number and ignores an overflow as "no such group"
-            index = int(name) if len(name) < 10 else -1
+        if name.isdigit() and len(name) < 10 and (len(name) == 1 or name[0] != "0"):
+            # Go reads at most 9 digits, without a leading zero, as a group number; anything else
+            # is a name, and no group can be named by digits: it expands to nothing
+            index = int(name)
             if 0 <= index <= (match.re.groups):
                 out.append(match.group(index) or "")
         elif name in names:

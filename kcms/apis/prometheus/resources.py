@@ -13,13 +13,15 @@ prometheus-adapter's ``resources`` maps series labels to group-resources two way
 The adapter then "normalizes" every group-resource with the cluster's RESTMapper: singular or plural,
 with or without the group, to the served plural and group (``pod`` -> ``pods``, ``deployment`` ->
 ``deployments.apps``), and a label whose template reading is not a served resource is not a resource
-label at all. KCMS has no RESTMapper at configuration time, so :class:`ResourceMapper` uses a
+label at all. KCMS has no RESTMapper when it loads the configuration, so :class:`ResourceMapper` uses a
 ``resolve`` function: by default :func:`resolve_known`, a table of the built-in Kubernetes resources
-(``kcms.apis.objects.WELL_KNOWN`` plus the rest of the core groups) that accepts the singular, the plural
-and the short group-less form; a label with an explicit group (``overrides`` with a ``group``, or a
-template with ``.Group``) that is not in the table is taken as that group's resource with its plural
-guessed by Kubernetes' rule (``UnsafeGuessKindToResource``: ``-s`` -> ``-ses``, ``-y`` -> ``-ies``,
-else ``+s``). A caller with discovery (PC's provider) can pass its own ``resolve``.
+(``kcms.apis.objects.WELL_KNOWN`` plus the rest of the built-in groups) that accepts the singular, the
+plural, with or without the group. An ``overrides`` entry the table does not know (a custom resource)
+is still a resource -- the adapter would have refused to start if the cluster did not serve it -- with
+the resource taken as written when it ends in ``s`` and otherwise pluralized by Kubernetes' rule
+(``UnsafeGuessKindToResource``: ``-s`` -> ``-ses``, ``-y`` -> ``-ies``, else ``+s``). A label read
+through a ``template`` must be in the table (or known to a ``resolve`` the caller passes, e.g. backed by
+API discovery), so custom resources need an override.
 
 ``namespace_label`` is the label for ``namespaces`` (usually the override ``namespace: {resource:
 namespace}``); ``namespaced`` is the rule's ``namespaced`` flag (external rules, default true).
@@ -140,21 +142,16 @@ def singular_of(gr: GroupResource) -> str:
 
 
 def resolve_known(group: str, resource: str) -> GroupResource | None:
-    """Normalize a group-resource the way a RESTMapper would for the built-in resources.
+    """Normalize a group-resource the way a RESTMapper does, for the built-in resources.
 
-    ``("", "pod")`` and ``("", "pods")`` -> ``pods``; ``("", "deployment")`` -> ``deployments.apps``;
-    ``("apps", "deployment")`` -> ``deployments.apps``. An unknown resource with a group is that group's
-    resource (singular pluralized by :func:`guess_plural`, a name ending in ``s`` taken as plural);
-    an unknown resource without a group is ``None`` (a RESTMapper would not find it)."""
+    ``("", "pod")`` and ``("", "pods")`` -> ``pods``; ``("", "deployment")`` -> ``deployments.apps`` (the
+    group is found from the resource, as ``kubectl get deployment`` finds it); ``("apps", "deployment")``
+    -> ``deployments.apps``. Anything else is ``None``: a label read through a ``template`` is then not a
+    resource label, as with the adapter when its RESTMapper does not know the name."""
     resource = resource.lower()
     if not resource:
         return None
-    if group:
-        found = _KNOWN.get(f"{resource}.{group}")
-        if found:
-            return found
-        return GroupResource(group, resource if resource.endswith("s") else guess_plural(resource))
-    return _KNOWN.get(resource)
+    return _KNOWN.get(f"{resource}.{group}" if group else resource)
 
 
 def _resolve_override(
