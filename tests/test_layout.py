@@ -162,7 +162,9 @@ def test_import_graph_sees_lazy_and_type_only_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from kcms.b import thing\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kcms.sub import c\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kcms.sub import c\n"
+    )
     (pkg / "sub" / "c.py").write_text("from .. import a\nfrom .d import x\n")
     (pkg / "sub" / "d.py").write_text("import os\n")
     known = {"kcms", "kcms.a", "kcms.b", "kcms.sub", "kcms.sub.c", "kcms.sub.d"}

@@ -19,7 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -99,27 +102,41 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+@dataclass
+class Demo:
+    port: int
+    context: ssl.SSLContext
+    cert: Path
+    proc: subprocess.Popen
+
+
 @pytest.fixture(scope="module")
-def demo_metrics(tmp_path_factory) -> set[str]:
-    """The /metrics of a real `kcms demo` (collector, store and server in one process)."""
+def demo(tmp_path_factory) -> Iterator[Demo]:
+    """A real `kcms demo` process (collector, store and server in one process), up for the module."""
     work = tmp_path_factory.mktemp("demo")
     port = free_port()
     cmd = [sys.executable, "-m", "kcms", "demo", f"--secure-port={port}", "--nodes=2", "--pods-per-node=2",
-           f"--work-dir={work}", "--exit-after=300s"]  # fmt: skip
-    with open(work / "demo.log", "wb") as log:
+           f"--work-dir={work}", "--exit-after=600s"]  # fmt: skip
+    log_path = work / "demo.log"
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        cert = work / "certs" / "apiserver.crt"
+        # The banner is printed once the server listens and its certificate is written.
         deadline = time.monotonic() + START_WAIT_SECONDS
-        while not cert.exists() and time.monotonic() < deadline and proc.poll() is None:
+        while b"KCMS demo:" not in log_path.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"kcms demo did not start; log: {log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        context = ssl.create_default_context(cafile=str(cert)) if cert.exists() else None
-        if context is None:
-            pytest.fail(f"kcms demo wrote no serving certificate; log: {(work / 'demo.log').read_text()[-2000:]}")
-        text = wait_for_metrics(f"https://127.0.0.1:{port}/metrics", proc, context)
+        cert = work / "certs" / "apiserver.crt"
+        yield Demo(port, ssl.create_default_context(cafile=str(cert)), cert, proc)
     finally:
         stop(proc)
-    return metric_names(text)
+
+
+@pytest.fixture(scope="module")
+def demo_metrics(demo: Demo) -> set[str]:
+    """The /metrics of the real `kcms demo`."""
+    return metric_names(wait_for_metrics(f"https://127.0.0.1:{demo.port}/metrics", demo.proc, demo.context))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +174,9 @@ def component_metrics() -> set[str]:
         "    importlib.import_module('.'.join(parts))\n"
         "sys.stdout.write(generate_latest(REGISTRY).decode())\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return metric_names(result.stdout)
 
@@ -198,7 +217,9 @@ def test_promtool_unit_tests_catch_a_broken_rule(tmp_path):
     broken = re.sub(r"\n\s+for: \w+", "", ALERTS.read_text()).replace("> 0.05", "> 0.01")
     (tmp_path / "alerts.yaml").write_text(broken)
     shutil.copy(ALERT_TESTS, tmp_path / "alerts_test.yaml")
-    result = subprocess.run([promtool(), "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        [promtool(), "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode != 0
     assert "KCMSDown" in result.stdout + result.stderr
     assert "KCMSStoreQuorumWriteFailures" in result.stdout + result.stderr
@@ -239,7 +260,9 @@ def test_every_metric_used_is_exposed_by_kcms(demo_metrics, store_metrics, compo
     assert not unknown, f"metric names KCMS does not expose: {unknown}"
 
 
-def test_every_metric_used_in_the_documentation_table_is_exposed(demo_metrics, store_metrics, component_metrics):
+def test_every_metric_used_in_the_documentation_table_is_exposed(
+    demo_metrics, store_metrics, component_metrics
+):
     doc = (ROOT / "docs" / "monitoring.md").read_text()
     table = {m.group(1) for m in re.finditer(r"^\| `((?:kcms|process)_[a-z0-9_]+)`", doc, re.M)}
     assert len(table) > 30
@@ -247,9 +270,15 @@ def test_every_metric_used_in_the_documentation_table_is_exposed(demo_metrics, s
     histograms = {n[: -len("_bucket")] for n in exposed if n.endswith("_bucket")}
     assert table - exposed - histograms == set(), "documented metrics KCMS does not expose"
     # Every kcms metric KCMS exposes is in the table (a new metric gets its line there).
-    families = {n for n in exposed if n.startswith("kcms_") and not n.endswith(("_created", "_bucket", "_sum", "_count"))}
+    families = {
+        n
+        for n in exposed
+        if n.startswith("kcms_") and not n.endswith(("_created", "_bucket", "_sum", "_count"))
+    }
     kcms_histograms = {n for n in histograms if n.startswith("kcms_")}
-    assert (families | kcms_histograms) - table == set(), "exposed kcms metrics missing from docs/monitoring.md"
+    assert (families | kcms_histograms) - table == set(), (
+        "exposed kcms metrics missing from docs/monitoring.md"
+    )
 
 
 def test_grafana_dashboard_is_a_valid_dashboard():
@@ -292,7 +321,14 @@ def test_grafana_dashboard_promql_parses():
         for e in exprs
     ]
     assert not any("$" in e for e in filled), [e for e in filled if "$" in e]
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"panel:q{i}", "expr": e} for i, e in enumerate(filled)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"panel:q{i}", "expr": e} for i, e in enumerate(filled)],
+            }
+        ]
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump(rules, f)
         f.flush()
@@ -312,3 +348,97 @@ def test_kustomization_renders_the_rule_and_the_dashboard():
     config_map = objects["ConfigMap"]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["grafana-dashboard.json"]) == dashboard()
+
+
+def _get_json(url: str, context: ssl.SSLContext | None = None) -> dict:
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        return json.loads(response.read())
+
+
+# Panels that must show data for a healthy standalone KCMS (the demo) once it has been scraped a
+# few times and served a few API requests; the others show multi-store, push, agent or bridge data.
+STANDALONE_PANELS = (
+    "Targets up",
+    "Seconds since last scrape cycle",
+    "Kubelet scrapes by result",
+    "Nodes missing / stale",
+    "Scrape durations",
+    "Agent scrapes by result",
+    "Store size",
+    "API requests by code",
+    "API latency",
+    "In flight and throttled",
+    "Authentication and authorization",
+    "Process memory and CPU",
+)
+
+
+def test_rules_and_dashboard_work_on_a_real_prometheus_scraping_kcms(demo: Demo, tmp_path):
+    """A real Prometheus scrapes the real `kcms demo` with the rules loaded: every rule evaluates
+    without error, no alert is pending or firing for this healthy KCMS, and every dashboard query
+    runs (the standalone panels with data)."""
+    prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not Path(prometheus).exists():
+        pytest.fail("prometheus is not installed: run `sh tests/system-deps.sh` (Debian package prometheus)")
+    shutil.copy(ALERTS, tmp_path / "alerts.yaml")
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["alerts.yaml"],
+        "scrape_configs": [
+            {
+                "job_name": "kcms-demo",
+                "scheme": "https",
+                "tls_config": {"ca_file": str(demo.cert)},
+                "static_configs": [{"targets": [f"127.0.0.1:{demo.port}"]}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    web = free_port()
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{web}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    api = f"http://127.0.0.1:{web}/api/v1"
+
+    def query(expr: str) -> list:
+        body = _get_json(f"{api}/query?" + urllib.parse.urlencode({"query": expr}))
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    try:
+        for _ in range(5):  # API requests for the API panels (the scrape's own /metrics is group "")
+            _get_json(f"https://127.0.0.1:{demo.port}/apis/metrics.k8s.io/v1beta1/nodes", demo.context)
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while True:  # enough scrapes for rate() over the 30s the dashboard's $__rate_interval is given here
+            try:
+                scrapes = query('count_over_time(up{job="kcms-demo"}[1m])')
+                if scrapes and float(scrapes[0]["value"][1]) >= 8:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"Prometheus did not scrape kcms demo: {(tmp_path / 'prometheus.log').read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+        assert query('up{job="kcms-demo"}')[0]["value"][1] == "1"
+        groups = _get_json(f"{api}/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        assert len(rules) == len(alert_rules())
+        for rule in rules:
+            assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+        assert _get_json(f"{api}/alerts")["data"]["alerts"] == []
+        for panel in dashboard()["panels"]:
+            for target in panel.get("targets", []):
+                expr = (
+                    target["expr"].replace("$__rate_interval", "30s")
+                    .replace('"$job"', '"kcms.*"').replace('"$instance"', '".*"')
+                )  # fmt: skip
+                result = query(expr)
+                if panel["title"] in STANDALONE_PANELS and target["refId"] == "A":
+                    assert result, f"panel {panel['title']!r} shows nothing for kcms demo: {expr}"
+    finally:
+        stop(proc)
