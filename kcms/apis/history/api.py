@@ -12,6 +12,7 @@ doubles memory.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import time
@@ -120,7 +121,7 @@ def parse_since(text: str | None) -> float | None:
         raise bad_request(f"since: longer than {MAX_SINCE_TEXT} characters")
     try:
         seconds = parse_duration(text)
-    except ValueError:  # argparse.ArgumentTypeError is one
+    except (argparse.ArgumentTypeError, ValueError):
         seconds = math.nan
     if not math.isfinite(seconds) or seconds <= 0:
         raise bad_request(f'since: "{text[:MAX_SINCE_TEXT]}" is not a positive duration such as 5m or 90s')
