@@ -122,16 +122,18 @@ class PrometheusResources:
         nodes = sorted(n.name for n in self.inventory.nodes())
         gate = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
 
-        async def run(what: str, resource: str, build: Callable[[], str]) -> tuple[str, list[Sample] | None]:
+        async def run(
+            what: str, resource: str, build: Callable[[], str], ns: str = ""
+        ) -> tuple[str, str, list[Sample] | None]:
             try:
                 promql = build()
             except ValueError as e:  # a template that fails on these values: a configuration problem
                 FAILURES.labels("render").inc()
                 self._problem = f"{what} did not render: {e}"
                 log.warning("resourceRules %s", printable(self._problem))
-                return resource, None
+                return resource, ns, None
             async with gate:
-                return resource, await self._query(what, promql)
+                return resource, ns, await self._query(what, promql)
 
         r = self.rules
         pod_jobs = []
@@ -144,6 +146,7 @@ class PrometheusResources:
                             f"containerQuery {resource}",
                             resource,
                             lambda c=chunk, n=ns, x=resource: r.container_query(x, n, c),
+                            ns,
                         )
                     )
             for chunk in _chunks(nodes):
@@ -153,11 +156,11 @@ class PrometheusResources:
         pod_answers = await asyncio.gather(*pod_jobs)
         node_answers = await asyncio.gather(*node_jobs)
         ok = True
-        if all(rows is not None for _, rows in pod_answers):
+        if all(rows is not None for _, _, rows in pod_answers):
             self._store_pods(pod_answers)
         else:
             ok = False
-        if all(rows is not None for _, rows in node_answers):
+        if all(rows is not None for _, _, rows in node_answers):
             self._store_nodes(node_answers)
         else:
             ok = False
@@ -174,12 +177,12 @@ class PrometheusResources:
         mem = int(memory)
         return ResourcePoint(start, at - window, 0, mem), ResourcePoint(start, at, cpu_ns, mem)
 
-    def _store_pods(self, answers: list[tuple[str, list[Sample] | None]]) -> None:
+    def _store_pods(self, answers: list[tuple[str, str, list[Sample] | None]]) -> None:
         cpu: dict[tuple[str, str, str], Sample] = {}
         memory: dict[tuple[str, str, str], float] = {}
-        for resource, rows in answers:
+        for resource, ns, rows in answers:
             for s in rows or ():
-                key = self._container_key(s, resource)
+                key = self._container_key(s, resource, ns)
                 if key is None or not math.isfinite(s.value) or s.value < 0:
                     continue
                 if resource == "cpu":
@@ -198,17 +201,23 @@ class PrometheusResources:
         self.store.store(first)
         self.store.store(second)
 
-    def _container_key(self, s: Sample, resource: str) -> tuple[str, str, str] | None:
-        pod = self.rules.pod_of(s.labels, resource)
-        container = self.rules.container_of(s.labels, resource)
-        if pod is None or not container:
+    def _container_key(self, s: Sample, resource: str, namespace: str) -> tuple[str, str, str] | None:
+        """(namespace, pod, container) of a row. The usual ``by (<<.GroupBy>>)`` is ``pod,container``
+        (prometheus-adapter queries one namespace at a time): the namespace is the query's when the
+        row has no namespace label."""
+        rule = self.rules.cpu if resource == "cpu" else self.rules.memory
+        labels = s.labels
+        pod = labels.get(rule.pod_label)
+        container = labels.get(rule.container_label)
+        ns = labels.get(rule.namespace_label) or namespace
+        if not pod or not container or not ns:
             return None
-        return pod[0], pod[1], container
+        return ns, pod, container
 
-    def _store_nodes(self, answers: list[tuple[str, list[Sample] | None]]) -> None:
+    def _store_nodes(self, answers: list[tuple[str, str, list[Sample] | None]]) -> None:
         cpu: dict[str, Sample] = {}
         memory: dict[str, float] = {}
-        for resource, rows in answers:
+        for resource, _, rows in answers:
             for s in rows or ():
                 node = self.rules.node_of(s.labels, resource)
                 if not node or not math.isfinite(s.value) or s.value < 0:
