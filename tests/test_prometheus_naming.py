@@ -302,8 +302,12 @@ def test_object_query_errors() -> None:
         n.query_for_objects("x", SERVICES, "", ["a"])
     with pytest.raises(QueryBuildError, match="no object names"):
         n.query_for_objects("x", PODS, "", [])
-    with pytest.raises(QueryBuildError, match="operator not supported"):
+    with pytest.raises(QueryBuildError, match="no label for namespaces") as rule_fault:
+        n.query_for_objects("x", PODS, "ns", ["a"])
+    assert not rule_fault.value.client_error  # the configuration's fault, not the request's
+    with pytest.raises(QueryBuildError, match="operator not supported") as client_fault:
         n.query_for_objects("x", PODS, "", ["a"], sel("replicas>3"))
+    assert client_fault.value.client_error  # the request's fault: 400
     assert isinstance(QueryBuildError("x"), ValueError)
 
 

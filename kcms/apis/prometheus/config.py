@@ -285,7 +285,9 @@ def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
             except ValueError as exc:
                 raise ConfigError(f"resourceRules.window: {exc}") from None
             if window == 0:
-                window = DEFAULT_WINDOW  # the adapter leaves a zero window to its 1m default too
+                # the adapter reports a missing or zero window as "0s", a rate over no time;
+                # KCMS reports 1m, its documented default (docs/migration-from-prometheus-adapter.md)
+                window = DEFAULT_WINDOW
         resource_rules = ResourceRules.from_config(cpu, memory, window)
     namers = tuple(MetricNamer.from_rule(rule, external=False) for rule in rules)
     external_namers = tuple(MetricNamer.from_rule(rule, external=True) for rule in external)

@@ -53,9 +53,14 @@ __all__ = [
 
 
 class QueryBuildError(ValueError):
-    """A query cannot be built for this request (an unsupported selector operator, a resource the rule has
-    no label for, a template that fails on these values). A client's mistake or a rule that does not
-    cover the request: the server answers 400/404, never 500."""
+    """A query cannot be built for this request: an unsupported selector operator (``client_error``
+    true: the request's fault, answer 400 BadRequest), or a rule that cannot serve it -- no label for
+    the resource or for namespaces, a template that fails on these values (``client_error`` false:
+    the configuration's fault, answer 404/503). Never a 500."""
+
+    def __init__(self, message: str, *, client_error: bool = False) -> None:
+        super().__init__(message)
+        self.client_error = client_error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,16 +141,16 @@ def _requirement_matcher(req: Requirement) -> tuple[str, str]:
     op = req.operator
     key = req.key
     if op in (">", "<"):
-        raise QueryBuildError(f"operator not supported by query builder: {key}{op}")
+        raise QueryBuildError(f"operator not supported by query builder: {key}{op}", client_error=True)
     if not key:
-        raise QueryBuildError("label name not specified in selector")
+        raise QueryBuildError("label name not specified in selector", client_error=True)
     values = _requirement_values(req)
     if op in ("exists", "!"):
         if values:
-            raise QueryBuildError(f"operator {op!r} does not take values")
+            raise QueryBuildError(f"operator {op!r} does not take values", client_error=True)
         return (label_neq(key, "") if op == "exists" else label_eq(key, "")), ""
     if not values:
-        raise QueryBuildError(f"malformed selector: {key} {op} has no value")
+        raise QueryBuildError(f"malformed selector: {key} {op} has no value", client_error=True)
     target = "|".join(values)
     if len(values) == 1:
         form = {
