@@ -313,3 +313,63 @@ async def test_hostile_prometheus_gives_clean_statuses_and_nothing_else_is_affec
         r.getMessage() for r in caplog.records if "query" in r.getMessage() and "failed" in r.getMessage()
     ]
     assert failures and all("\x1b" not in m and "\n" not in m for m in failures)
+
+
+# ---- 10 000 series ------------------------------------------------------------------------------
+
+BULK_CONFIG = """
+rules:
+- seriesQuery: '{__name__=~"app_bulk_.*",namespace!="",pod!=""}'
+  resources:
+    overrides:
+      namespace: {resource: namespace}
+      pod: {resource: pod}
+  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+"""
+
+
+async def test_discovery_of_10000_series_stays_served_and_survives_prometheus_going_away(
+    ca, fake_kube, tmp_path
+):
+    from _prometheus_helpers import start_prom_env
+
+    from kcms.sim.prometheus import SimExporter
+
+    exporter = SimExporter.bulk(10_000)
+    bulk, served = await asyncio.to_thread(start_prom_env, exporter, 2)
+    stopped = False
+    try:
+        exporter_objects(fake_kube, exporter)
+        (tmp_path / "bulk").mkdir()
+        config = write_config(tmp_path / "bulk", BULK_CONFIG)
+        e, sim = await _env(ca, fake_kube, tmp_path, bulk.url, config=config)
+        try:
+            await wait_ready(e)
+            wanted = {f"pods/app_bulk_{m}" for m in range(exporter.bulk_metrics)}
+            assert len(wanted) * len(exporter.pods) >= 9000  # ~10 000 series behind them
+            status, body = await e.get(f"{CUSTOM}/v1beta2")
+            assert status == 200 and wanted <= {r["name"] for r in body["resources"]}
+            pod = exporter.pods[7]
+            status, body = await e.get(
+                f"{CUSTOM}/v1beta2/namespaces/{pod.namespace}/pods/{pod.name}/app_bulk_3"
+            )
+            assert status == 200 and body["items"][0]["value"] == str(int(exporter.bulk_value(pod, 3)))
+            await asyncio.to_thread(bulk.prometheus.stop)
+            stopped = True
+            await asyncio.sleep(2.5)  # two failed relists
+            for _ in range(20):  # discovery keeps answering, from the last good list
+                status, body = await e.get(f"{CUSTOM}/v1beta2")
+                assert status == 200 and wanted <= {r["name"] for r in body["resources"]}
+            status, body = await e.get(
+                f"{CUSTOM}/v1beta2/namespaces/{pod.namespace}/pods/{pod.name}/app_bulk_3"
+            )
+            assert status == 503 and body["reason"] == "ServiceUnavailable"
+            status, text = await e.get("/readyz?verbose", token=None, accept=None)
+            assert status == 200 and "serving the last good list" in text
+        finally:
+            await stop_env(e)
+            await sim.stop()
+    finally:
+        if not stopped:
+            await asyncio.to_thread(bulk.prometheus.stop)
+        await asyncio.to_thread(served.stop)
