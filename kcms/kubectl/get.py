@@ -81,13 +81,15 @@ async def get_metric(api: API, args: Any) -> int:
     items = body.get("items") if isinstance(body, dict) else None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise PluginError(f"the answer to GET {path} is not a metric value list")
+    items = output.typed(body, items)
     history: list[dict] | None = None
     warnings: list[str] = []
     if await api.serves(HISTORY_GROUP, HISTORY_VERSION):
         try:
-            hbody = await api.get(series_path, {**series_params, "since": SINCE})
+            # a history API without series (404) simply has no history of this metric
+            hbody = await api.get_optional(series_path, {**series_params, "since": SINCE})
             if isinstance(hbody, dict) and isinstance(hbody.get("items"), list):
-                history = [h for h in hbody["items"] if isinstance(h, dict)]
+                history = output.typed(hbody, [h for h in hbody["items"] if isinstance(h, dict)])
         except PluginError as e:
             warnings.append(f"warning: no history: {e}")
     for w in warnings:
@@ -96,7 +98,12 @@ async def get_metric(api: API, args: Any) -> int:
         output.dump(output.as_list(items + (history or [])), args.output)
         return 0
     if not items:
-        print(f"No values of {args.metric} found in {namespace} namespace.", file=sys.stderr)
+        from kcms.kubectl.metrics import discover
+
+        rows, _ = await discover(api, not args.external, args.external)
+        listed = any(r["metric"] == args.metric for r in rows)
+        hint = "" if listed else f" ({args.metric} is not in discovery: see `kubectl kcms metrics`)"
+        print(f"No values of {args.metric} found in {namespace} namespace.{hint}", file=sys.stderr)
         return 0
     rows = [_row(i, args.external) for i in items]
     header = (

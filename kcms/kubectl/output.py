@@ -89,6 +89,17 @@ def dump(obj: Any, fmt: str, out: TextIO | None = None) -> None:
         out.write(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True, default_flow_style=False))
 
 
+def typed(body: Any, items: list[dict]) -> list[dict]:
+    """List items with their kind and apiVersion, which a list leaves to its own (kubectl -o json
+    writes them on each item too): kind ``XList`` gives items of kind ``X``."""
+    kind = body.get("kind") if isinstance(body, dict) else None
+    version = body.get("apiVersion") if isinstance(body, dict) else None
+    if not isinstance(kind, str) or not kind.endswith("List"):
+        return items
+    head = {"kind": kind.removesuffix("List")} | ({"apiVersion": version} if isinstance(version, str) else {})
+    return [head | i for i in items]
+
+
 def as_list(items: list[Any]) -> dict[str, Any]:
     """A v1 List, as `kubectl get a,b -o json` prints objects of several kinds."""
     return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}

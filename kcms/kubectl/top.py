@@ -179,7 +179,7 @@ def _spark_resource(opts: Any) -> str | None:
 async def _history(api: API, path: str, params: dict[str, str], warnings: list[str]) -> list[dict] | None:
     body = await _optional(api.get(path, params), warnings, "warning: no history")
     if isinstance(body, dict) and isinstance(body.get("items"), list):
-        return [i for i in body["items"] if isinstance(i, dict)]
+        return output.typed(body, [i for i in body["items"] if isinstance(i, dict)])
     if isinstance(body, dict) and isinstance(body.get("metadata"), dict):
         return [body]  # one object asked for by name
     if body is not None:
@@ -207,7 +207,7 @@ async def top_nodes(api: API, opts: Any) -> Result:
         else asyncio.sleep(0, None)
     )
     body, nodes_body, history = await asyncio.gather(metrics_task, nodes_task, hist_task)
-    items = _items(body, "NodeMetricsList", METRICS + suffix)
+    items = output.typed(body, _items(body, "NodeMetricsList", METRICS + suffix))
     if not items:
         raise PluginError("metrics not available yet")
     available: dict[str, dict[str, Decimal]] | None = None
@@ -298,7 +298,7 @@ async def top_pods(api: API, opts: Any) -> Result:
         else asyncio.sleep(0, None)
     )
     body, history = await asyncio.gather(api.get(METRICS + suffix, params), hist_task)
-    items = _items(body, "PodMetricsList", METRICS + suffix)
+    items = output.typed(body, _items(body, "PodMetricsList", METRICS + suffix))
     if not items:
         await _why_empty(api, namespace, params)
         res.empty_message = (
