@@ -183,6 +183,7 @@ class PrometheusProvider:
         self._last_attempt = now
         namers = [*self.custom_namers, *self.external_namers]
         gate = asyncio.Semaphore(MAX_CONCURRENT_RELISTS)
+        failed: list[tuple[MetricNamer, PrometheusError]] = []
 
         async def one(namer: MetricNamer) -> None:
             async with gate:
@@ -191,17 +192,22 @@ class PrometheusProvider:
                 except PrometheusError as e:
                     RELIST_FAILURES.labels(e.reason).inc()
                     self._failing[id(namer)] = f"{e.reason}: {e}"
-                    log.warning(
-                        "relisting seriesQuery %s failed (keeping its last good series): %s",
-                        printable(namer.series_query, 200),
-                        printable(e),
-                    )
+                    failed.append((namer, e))
                     return
                 kept = namer.filter_series(found)
                 self._states[id(namer)] = _RuleState(kept, now)
                 self._failing.pop(id(namer), None)
 
         await asyncio.gather(*(one(n) for n in namers))
+        if failed:  # one line a relist, however many rules failed
+            namer, e = failed[0]
+            log.warning(
+                "relist of %d of %d rules failed (keeping their last good series); %s: %s",
+                len(failed),
+                len(namers),
+                printable(namer.path, 60),
+                printable(e),
+            )
         await self._rebuild()
         if not self._failing:
             self._last_success = now
