@@ -14,8 +14,9 @@ from kcms.apis import remote_write
 from kcms.apis.custom import CustomMetricsAPI
 from kcms.apis.external import ExternalMetricsAPI
 from kcms.apis.history import HistoryAPI
+from kcms.apis.history.series import SeriesHistory
 from kcms.apis.metrics.api import MetricsAPI
-from kcms.apis.objects import ObjectLabels
+from kcms.apis.objects import ObjectLabels, guess_info
 from kcms.apis.provider import StoreProvider
 from kcms.apis.push import PushAPI, PushLimits
 from kcms.apis.routing import route
@@ -160,7 +161,9 @@ def build_pipeline(
     server.install(MetricsAPI(inventory, store).group_version())
     if history is not None:
         scrapes = collector if hasattr(collector, "status") else None  # a kubelet scrape loop
-        server.install(HistoryAPI(inventory, history, scrapes).group_version())
+        kinds = lambda r: objects.cached_info(r) or guess_info(r)  # noqa: E731 (describedObject kinds)
+        series_history = SeriesHistory(series, history, kinds)  # custom/external series kept here
+        server.install(HistoryAPI(inventory, history, scrapes, series_history).group_version())
     # custom.metrics.k8s.io and external.metrics.k8s.io over the series store: one server for
     # all three groups (Kubernetes allows one backend per group; here they share one process).
     provider = StoreProvider(series, objects.namespaced)

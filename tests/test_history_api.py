@@ -253,9 +253,17 @@ async def test_discovery_and_openapi_include_the_group(env: Env):
     assert kinds["nodes"] == ("NodeMetricsHistory", False, ["get", "list"])
     assert kinds["pods"] == ("PodMetricsHistory", True, ["get", "list"])
     assert kinds["scrapes"] == ("ScrapeStatus", False, ["get", "list"])
+    assert kinds["series"] == ("MetricSeriesHistory", True, ["list"])
     status, v2 = await env.get("/openapi/v2")
     assert status == 200
-    for path in ("/nodes", "/nodes/{name}", "/pods", "/namespaces/{namespace}/pods/{name}", "/scrapes"):
+    for path in (
+        "/nodes",
+        "/nodes/{name}",
+        "/pods",
+        "/namespaces/{namespace}/pods/{name}",
+        "/scrapes",
+        "/series",
+    ):
         assert H + path in v2["paths"], path
     for kind in ("NodeMetricsHistoryList", "PodMetricsHistory", "ScrapeStatusList", "UsagePoint"):
         assert f"io.kcms.history.v1alpha1.{kind}" in v2["definitions"]
@@ -466,3 +474,84 @@ def test_kcms_demo_history_zero_has_no_group(tmp_path):
     finally:
         err = _stop(proc)
     assert "Traceback" not in err
+
+
+async def test_series_history_selectors_and_errors(env: Env, caplog):
+    from kcms.model import ObjectRef
+
+    await wait_ready(env)
+    series = env.pipeline.series
+    now = time.time()
+    pod = next(iter(env.inventory.pods()))
+    ns, name = pod.namespace, pod.name
+    node = env.sim.node_names()[0]
+    for i in range(5):
+        t = now - 40 + 10 * i
+        series.append(
+            "http_requests_total", ObjectRef("pods", ns, name), (("handler", "root"),), t, 100.0 * i
+        )
+        series.append("http_requests_total", ObjectRef("pods", ns, name), (("handler", "api"),), t, 7.0 * i)
+        series.append("http_requests_total", ObjectRef("pods", "other-ns", "x"), (), t, 1.0)
+        series.append("queue_backlog", ObjectRef("deployments.apps", ns, "web"), (), t, 0.5 * i)
+        series.append("queue_backlog", ObjectRef("", ns, ""), (("queue", "emails"),), t, 3.0 * i)
+        series.append("node_load1", ObjectRef("nodes", "", node), (), t, 1.25)
+
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=http_requests_total")
+    assert status == 200 and body["kind"] == "MetricSeriesHistoryList"
+    assert len(body["items"]) == 2  # other-ns's series is not this namespace's
+    item = next(i for i in body["items"] if i["metric"]["selector"]["matchLabels"] == {"handler": "root"})
+    assert item["describedObject"] == {"kind": "Pod", "namespace": ns, "name": name, "apiVersion": "/v1"}
+    assert [p["value"] for p in item["points"]] == ["0", "100", "200", "300", "400"]
+    assert all(RFC3339.match(p["timestamp"]) for p in item["points"])
+    # labelSelector: the series' metric labels; fieldSelector: the described object
+    status, body = await env.get(
+        f"{H}/namespaces/{ns}/series?metric=http_requests_total&labelSelector=handler%3Dapi"
+    )
+    assert [i["metric"]["selector"]["matchLabels"] for i in body["items"]] == [{"handler": "api"}]
+    status, body = await env.get(
+        f"{H}/namespaces/{ns}/series?metric=http_requests_total&fieldSelector=metadata.name%3Dnope"
+    )
+    assert body["items"] == []
+    # since: only the recent points (bounded by --history)
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=http_requests_total&since=25s")
+    assert all(len(i["points"]) == 3 for i in body["items"])
+    # resource: one kind of object, or the external series only
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=queue_backlog")
+    assert {i["external"] for i in body["items"]} == {True, False}
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=queue_backlog&resource=deployments.apps")
+    (item,) = body["items"]
+    assert item["describedObject"]["kind"] == "Deployment" and item["describedObject"]["name"] == "web"
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=queue_backlog&resource=external")
+    (item,) = body["items"]
+    assert item["external"] is True and item["metric"]["selector"]["matchLabels"] == {"queue": "emails"}
+    assert item["points"][-1]["value"] == "12"
+    # cluster-scoped objects on the cluster path
+    status, body = await env.get(f"{H}/series?metric=node_load1")
+    (item,) = body["items"]
+    assert item["describedObject"]["kind"] == "Node" and item["describedObject"]["name"] == node
+    assert "namespace" not in item["describedObject"]
+    status, body = await env.get(f"{H}/series?metric=http_requests_total")
+    assert body["items"] == []
+
+    for query in (
+        "", "metric=", "metric=bad-name", "metric=" + "m" * 300, "metric=x&resource=Pods",
+        "metric=x&resource=" + "a" * 300, "metric=x&since=-1s", "metric=x&labelSelector=a+in+%28",
+        "metric=x&fieldSelector=spec.x%3D1",
+    ):  # fmt: skip
+        status, body = await env.get(f"{H}/namespaces/{ns}/series?{query}")
+        assert status == 400 and body["kind"] == "Status" and body["reason"] == "BadRequest", query
+    # authorized as resource "series" of the group, per namespace
+    # (a new user: decisions are cached per user)
+    env.fake.tokens["no-series"] = {"username": "no-series", "uid": "9", "groups": ["readers"]}
+    env.fake.authorize = lambda spec: (spec.get("resourceAttributes", {}).get("resource") != "series", "no")
+    status, body = await env.get(f"{H}/namespaces/{ns}/series?metric=queue_backlog", token="no-series")
+    assert status == 403 and body["reason"] == "Forbidden"
+    attrs = env.fake.access_reviews[-1]["spec"]["resourceAttributes"]
+    assert (attrs["group"], attrs["resource"], attrs["verb"], attrs["namespace"]) == (
+        "history.kcms.io", "series", "list", ns,
+    )  # fmt: skip
+    status, _ = await env.get(f"{H}/namespaces/{ns}/pods", token="no-series")
+    assert status == 200
+    status, _ = await env.get("/readyz", token=None, accept=None)
+    assert status == 200
+    no_traceback(caplog)
