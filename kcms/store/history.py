@@ -45,8 +45,8 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from typing import Any
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from kcms.model import PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
