@@ -118,3 +118,26 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
     assert "| time until 95 % of nodes are served | 12.1 / 24.1 s (0.50x) |" in table, table
     assert "| list all pods (Accept-Encoding gzip) | 818 / 1 636 ms (0.50x), 30 000 pods, 9.0 MB |" in table, table
     assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms) |" in table, table
+
+
+def test_prometheus_bridge_runs_against_a_real_prometheus_and_prints_every_figure(tmp_path: Path) -> None:
+    """bench/prometheus_bridge.py at a small size: a real Prometheus, kcms standalone with the bridge;
+    every figure of issue 10's benchmark printed, each request answered, the queries KCMS sent found
+    in Prometheus's query log (one per request) and replayed."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "prometheus_bridge.py"), "--series", "300", "--requests", "5",
+         "--json", str(tmp_path / "p.json")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    for needle in ("discovery GET /apis/custom.metrics.k8s.io/v1beta2: p50", "named: KCMS p50",
+                   "wildcard: KCMS p50", "named overhead: p50", "wildcard overhead: p50", "RSS of KCMS:",
+                   "p99 / target 10 ms", "p99 / target 5 ms", "/ target 150 MB"):  # fmt: skip
+        assert needle in out.stdout, (needle, out.stdout)
+    (r,) = json.loads((tmp_path / "p.json").read_text())["results"]
+    assert r["series"] >= 250 and r["pods"] == 100
+    assert r["discovery"]["n"] == 5 and r["rss_mb"] > 0
+    for kind in ("named", "wildcard"):
+        assert r[kind]["queries_per_request"] >= 1.0 and r[kind]["prometheus_http"]["n"] == 5
+    assert 'pod="' in r["named"]["example_query"] and 'pod=~"' in r["wildcard"]["example_query"]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]

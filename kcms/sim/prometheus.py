@@ -169,9 +169,9 @@ class SimExporter:
 
     @classmethod
     def bulk(cls, series: int, *, pods: int = 100) -> SimExporter:
-        """About ``series`` series (at least the fixed ones): ``pods`` pods in one namespace, ten
-        deployments, one container each, and as many ``app_bulk_*`` gauges per pod as make up
-        the rest."""
+        """About ``series`` series (at least the fixed ones and one ``app_bulk_0`` per pod): ``pods``
+        pods in one namespace, ten deployments, one container each, and as many ``app_bulk_*``
+        gauges per pod as make up the rest."""
         shape: dict[str, Any] = {
             "namespaces": ("bench",),
             "deployments": [f"app{d}" for d in range(10)],
@@ -180,7 +180,7 @@ class SimExporter:
             "nodes": tuple(f"node-{n}" for n in range(10)),
         }
         fixed = cls(**shape)
-        return cls(**shape, bulk_metrics=max(0, (series - fixed.series_count) // len(fixed.pods)))
+        return cls(**shape, bulk_metrics=max(1, (series - fixed.series_count) // len(fixed.pods)))
 
     # known values ----------------------------------------------------------------------------
 
@@ -379,7 +379,8 @@ class ThreadedExporter:
 class RealPrometheus:
     """The real ``prometheus`` binary on 127.0.0.1, scraping ``targets`` (``host:port``) as job
     ``job``; ``extra_config`` (a dict) is merged into the generated configuration's top level
-    (its ``scrape_configs`` are appended). Stops with SIGTERM (then SIGKILL after 15 s) and
+    (its ``scrape_configs`` are appended, its ``global`` keys merged: ``{"global":
+    {"query_log_file": path}}`` logs every query with Prometheus's own timings). Stops with SIGTERM (then SIGKILL after 15 s) and
     removes its folder."""
 
     def __init__(
@@ -433,6 +434,8 @@ class RealPrometheus:
         for key, value in self.extra_config.items():
             if key == "scrape_configs":
                 cfg["scrape_configs"].extend(value)
+            elif key == "global":  # e.g. query_log_file: merged into the generated global section
+                cfg["global"].update(value)
             else:
                 cfg[key] = value
         return cfg
