@@ -477,6 +477,8 @@ def test_go_quote_exact_forms() -> None:
         ("<<or .X .Y>>", {"X": "", "Y": "y"}, "y"),
         ("<<with .X>><<.>>!<<end>>", {"X": "v"}, "v!"),
         ("<<with .X>>set<<else>>unset<<end>>", {"X": ""}, "unset"),
+        ("<<if $x := .X>>[<<$x>>]<<else>>(<<$x>>)<<end>>", {"X": ""}, "()"),  # in scope up to end
+        ("<<with $x := .X>><<$x>><<end>><<$y := 1>><<if true>><<$y = 2>><<end>><<$y>>", {"X": "a"}, "a2"),
         ('<<printf "%s-%d-%q-%v" .X 3 .X .L>>', {"X": "a", "L": ["p"]}, 'a-3-"a"-[p]'),
         ('<<.X | printf "(%s)">>', {"X": "a"}, "(a)"),
         ('<<print "a" "b" 1 2>>', {}, "ab1 2"),
@@ -510,6 +512,7 @@ def test_template_rendering(text: str, data: dict[str, object], expected: str) -
         '<<template "x">>',
         '<<define "x">><<end>>',
         "<<$nope>>",
+        "<<if true>><<$z := 1>><<end>><<$z>>",  # a body's variable ends with the body
         "<<break>>",
         '<<"unterminated>>',
         "<<.X | 3>>",

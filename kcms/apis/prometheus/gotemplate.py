@@ -265,15 +265,16 @@ class Template:
                     out.append(go_format(value))
             elif kind in ("if", "with"):
                 assert node.pipe is not None
+                # one scope to the structure's end: a variable the condition declares is seen by
+                # both branches, as in Go
                 scopes.append({})
-                value = self._pipe(node.pipe, dot, scopes)
-                if _truth(value):
-                    self._run(node.body, value if kind == "with" else dot, scopes, out)
-                    scopes.pop()
-                else:
-                    scopes.pop()
-                    scopes.append({})
-                    self._run(node.orelse, dot, scopes, out)
+                try:
+                    value = self._pipe(node.pipe, dot, scopes)
+                    if _truth(value):
+                        self._run(node.body, value if kind == "with" else dot, scopes, out)
+                    else:
+                        self._run(node.orelse, dot, scopes, out)
+                finally:
                     scopes.pop()
             elif kind == "range":
                 self._range(node, dot, scopes, out)

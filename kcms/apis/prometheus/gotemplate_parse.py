@@ -286,19 +286,19 @@ class _Parser:
         body, stop = self.list_until({"end", "else"})
         if word == "range":
             self.range_depth -= 1
-        self.vars.pop()
         node = Node(word, pipe=pipe, body=body)
-        if stop == "else":
-            rest = self.pending
-            if rest and rest[0] == ("ident", "if") and word == "if":
-                # "else if" nests an if that shares this one's end
-                node.orelse = [self.control("if", rest[1:])]
-                return node
-            if rest:
-                raise TemplateError("unexpected tokens after else")
-            self.vars.append(set())
-            node.orelse, stop = self.list_until({"end"})
-            self.vars.pop()
+        try:
+            if stop == "else":
+                rest = self.pending
+                if rest and rest[0] == ("ident", "if") and word == "if":
+                    # "else if" nests an if that shares this one's end
+                    node.orelse = [self.control("if", rest[1:])]
+                elif rest:
+                    raise TemplateError("unexpected tokens after else")
+                else:
+                    node.orelse, stop = self.list_until({"end"})
+        finally:
+            self.vars.pop()  # the structure's variables are known up to its end, else branch included
         return node
 
     def pipeline(self, toks: list[tuple[str, str]], *, allow_decl: bool, in_range: bool = False) -> Pipe:
