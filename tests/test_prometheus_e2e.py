@@ -10,6 +10,7 @@ start-up with a message naming the flag, the rule and the field.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -56,19 +57,17 @@ def _kubeconfig(path: Path, port: int) -> Path:
     return path
 
 
-@pytest.fixture
-async def kcms(fake_kube, tmp_path, prom):
-    """`kcms standalone` against the fake API, Prometheus for custom, external and resource metrics."""
-    exporter_objects(fake_kube, prom.exporter)
-    fake_kube.tokens[READER] = {"username": "reader", "groups": ["readers"]}
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, *argv: str):
+    """`kcms <argv>` as a process on a free port until ready; yields (kubeconfig, log path); at the
+    end SIGTERM, exit code 0 and no traceback in its log."""
     port = free_port()
-    err = open(tmp_path / "kcms.log", "wb")  # noqa: SIM115, ASYNC230 (closed below; a local file)
+    log_path = tmp_path / f"kcms-{argv[0]}.log"
+    err = open(log_path, "wb")  # noqa: SIM115, ASYNC230 (closed below; a local file)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kcms", "standalone", "--kubeconfig", str(fake_kube.kubeconfig),
+        sys.executable, "-m", "kcms", *argv,
         "--secure-port", str(port), "--bind-address", "127.0.0.1", "--cert-dir", str(tmp_path / "certs"),
-        "--authentication-skip-lookup", "--metric-resolution", "10s",
-        "--prometheus-url", prom.url, "--config", write_config(tmp_path), "--metrics-relist-interval", "2s",
-        "--metrics-max-age", "10m", "--resource-metrics-source", "prometheus", "--prometheus-verb", "POST",
+        "--authentication-skip-lookup",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=err,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -84,19 +83,57 @@ async def kcms(fake_kube, tmp_path, prom):
                             break
                 except aiohttp.ClientError:
                     pass
-                assert proc.returncode is None, (tmp_path / "kcms.log").read_text()
-                assert time.monotonic() - t0 < 60, (
-                    "not ready within 60 s: " + (tmp_path / "kcms.log").read_text()
-                )
+                assert proc.returncode is None, log_path.read_text()
+                assert time.monotonic() - t0 < 60, "not ready within 60 s: " + log_path.read_text()
                 await asyncio.sleep(0.2)
-        yield _kubeconfig(tmp_path / "kcms.kubeconfig", port), tmp_path / "kcms.log"
+        yield _kubeconfig(tmp_path / f"kcms-{argv[0]}.kubeconfig", port), log_path
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)
         err.close()
     assert code == 0
-    log = (tmp_path / "kcms.log").read_text()
+    log = log_path.read_text()
     assert "Traceback" not in log, log
+
+
+def _bridge_flags(tmp_path: Path, prom) -> list[str]:
+    return [
+        "--prometheus-url", prom.url, "--config", write_config(tmp_path), "--metrics-relist-interval", "2s",
+        "--metrics-max-age", "10m", "--prometheus-verb", "POST",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+async def kcms(fake_kube, tmp_path, prom):
+    """`kcms standalone` against the fake API, Prometheus for custom, external and resource metrics."""
+    exporter_objects(fake_kube, prom.exporter)
+    fake_kube.tokens[READER] = {"username": "reader", "groups": ["readers"]}
+    argv = ["standalone", "--kubeconfig", str(fake_kube.kubeconfig), "--metric-resolution", "10s"]
+    argv += [*_bridge_flags(tmp_path, prom), "--resource-metrics-source", "prometheus"]
+    async with _serving(tmp_path, *argv) as served:
+        yield served
+
+
+async def test_kcms_server_serves_prometheus_beside_its_push_store(fake_kube, tmp_path, prom):
+    """`kcms server --active-standby` (its own store fed by pushes) with the bridge, as a process."""
+    exporter_objects(fake_kube, prom.exporter)
+    fake_kube.tokens[READER] = {"username": "reader", "groups": ["readers"]}
+    argv = ["server", "--active-standby", "--leader-elect=false", "--kubeconfig", str(fake_kube.kubeconfig)]
+    async with _serving(tmp_path, *argv, *_bridge_flags(tmp_path, prom)) as (kubeconfig, _):
+        raw = get_raw(kubeconfig)
+        body = await asyncio.to_thread(
+            raw, f"{EXT}/namespaces/team-a/jobs_pending?labelSelector=queue%3Demails"
+        )
+        expected = promql(prom, 'sum(jobs_pending{namespace="team-a",queue="emails"}) by (queue)')
+        assert [i["metricLabels"] for i in body["items"]] == [{"queue": "emails"}]
+        assert close(body["items"][0]["value"], next(iter(expected.values())), rel=0)
+        body = await asyncio.to_thread(
+            raw, f"{V2}/namespaces/default/deployments.apps/worker/messages_waiting"
+        )
+        assert close(body["items"][0]["value"], prom.exporter.deployment_queue("default", "worker"), rel=0)
+        doc = await asyncio.to_thread(raw, "/debug/metric-sources")
+        assert doc["order"] == ["store", "prometheus"]
+        assert any(e["metric"] == "messages_waiting" and e["source"] == "prometheus" for e in doc["custom"])
 
 
 def _by_name(body: dict) -> dict[str, str]:
