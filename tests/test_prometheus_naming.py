@@ -135,6 +135,22 @@ def test_go_dollar_is_end_of_text_not_before_a_final_newline() -> None:
     assert compile_go_regexp("[]a]").search("]")  # "]" first in a class is a literal, in both dialects
 
 
+def test_go_regexp_classes_are_go_classes() -> None:
+    alpha_digit = compile_go_regexp("^[[:alpha:]_]+[[:digit:]]$")
+    assert alpha_digit.search("abc_1") and not alpha_digit.search("a:1")  # POSIX classes, not characters
+    punct = compile_go_regexp("^[[:punct:]]+$")
+    assert punct.search("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") and not punct.search("a")
+    assert compile_go_regexp("[a[b]").search("[")  # "[" in a class is a literal
+    assert not compile_go_regexp(r"^\d$").search("\u0663")  # \d is ASCII in Go
+    assert not compile_go_regexp(r"^\w+$").search("caf\u00e9")
+
+
+@pytest.mark.parametrize("pattern", ["[[:foo:]]", "[[:^alpha:]]", r"\pL", r"\Qa.b\E", "a(?i)b"])
+def test_go_regexp_syntax_python_cannot_express_is_refused_not_changed(pattern: str) -> None:
+    with pytest.raises(ValueError):
+        compile_go_regexp(pattern)
+
+
 @pytest.mark.parametrize(
     "pattern", [r"(a)\1", "a(?=b)", "a(?!b)", "(?<=a)b", "(?<!a)b", "a*+", "(?P=x)", "(?>a)", "(?U)a*"]
 )

@@ -189,16 +189,19 @@ _NOT_RE2 = re.compile(r"\(\?[=!]|\(\?<[=!]|\\[1-9]|\(\?P=|[*+?}][+]|\(\?>")
 def compile_go_regexp(pattern: str) -> re.Pattern[str]:
     """Compile a Go (RE2) regexp with Python's ``re``: raises ``ValueError`` naming the problem.
 
-    Go's ``\\z`` is Python's ``\\Z``; ``$`` without ``(?m)`` is end of text in Go, so it becomes ``\\Z``
-    too (Python's ``$`` also matches before a final newline). Named groups ``(?P<n>...)`` and
-    ``(?<n>...)`` are both accepted."""
+    Go's ``\\z`` is Python's ``\\Z``; ``$`` without ``(?m)`` is end of text in Go, so it becomes an
+    end-of-text assertion (Python's ``$`` also matches before a final newline); POSIX classes such as
+    ``[[:alpha:]]`` become their ASCII ranges (Python would read them as plain characters); ``\\d``,
+    ``\\w``, ``\\s``, ``\\b`` are ASCII as in Go. Named groups ``(?P<n>...)`` and ``(?<n>...)`` are
+    both accepted. What Python cannot express (``\\pL``, ``\\Q...\\E``, flags in the middle of a
+    pattern) is a ``ValueError``, never a different match."""
     stripped = re.sub(r"\\\\", "", pattern)
     bad = _NOT_RE2.search(stripped)
     if bad:
         raise ValueError(f"invalid or unsupported Perl syntax: `{bad.group()}`")
     translated = _translate_go(pattern)
     try:
-        return re.compile(translated)
+        return re.compile(translated, re.ASCII)
     except re.error as exc:
         raise ValueError(f"error parsing regexp: {exc}") from None
 
@@ -221,9 +224,19 @@ def _translate_go(pattern: str) -> str:
             i += 2
             continue
         if in_class:
+            if pattern.startswith("[:", i):
+                close = pattern.find(":]", i + 2)
+                name = pattern[i + 2 : close] if close > 0 else ""
+                if name not in _POSIX_CLASSES:
+                    raise ValueError(
+                        f"invalid character class range: `{pattern[i : close + 2 if close > 0 else i + 2]}`"
+                    )
+                out.append(_POSIX_CLASSES[name])
+                i = close + 2
+                continue
             if c == "]":
                 in_class = False
-            out.append(c)
+            out.append("\\[" if c == "[" else c)  # a "[" in a class is a literal in Go
             i += 1
             continue
         if c == "[":
@@ -261,6 +274,23 @@ def _translate_go(pattern: str) -> str:
         i += 1
     return "".join(out)
 
+
+_POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "ascii": "\\x00-\\x7f",
+    "blank": "\\t ",
+    "cntrl": "\\x00-\\x1f\\x7f",
+    "digit": "0-9",
+    "graph": "!-~",
+    "lower": "a-z",
+    "print": " -~",
+    "punct": "!-/:-@\\[-`{-~",
+    "space": "\\t\\n\\v\\f\\r ",
+    "upper": "A-Z",
+    "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_]+")
 
