@@ -79,10 +79,15 @@ _SIMPLE_ESCAPES = {
 }
 
 
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\'
+
+
 def go_quote(text: str) -> str:
     """``text`` as Go's ``strconv.Quote`` / ``%q`` writes it: printable characters as they are, the usual
     backslash escapes, ``\\xNN`` / ``\\uNNNN`` / ``\\UNNNNNNNN`` for the rest. PromQL reads the result
     back to ``text``."""
+    if _PLAIN.fullmatch(text):  # names and label values: nothing to escape (the common, hot case)
+        return f'"{text}"'
     out = ['"']
     for ch in text:
         if ch in _SIMPLE_ESCAPES:
