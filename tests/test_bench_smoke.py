@@ -141,3 +141,14 @@ def test_prometheus_bridge_runs_against_a_real_prometheus_and_prints_every_figur
         assert r[kind]["queries_per_request"] >= 1.0 and r[kind]["prometheus_http"]["n"] == 5
     assert 'pod="' in r["named"]["example_query"] and 'pod=~"' in r["wildcard"]["example_query"]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_remote_write_quick_run_prints_every_figure_against_the_target() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "remote_write.py"), "--quick"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in ("decode", "decode+bind+store", "first round (cold)", "HTTPS, wall", "HTTPS, server CPU"):
+        line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith(name + " "))
+        assert "samples/s median" in line and "x the 200,000 target" in line, line

@@ -54,8 +54,8 @@ def test_decode_round_trip_and_what_is_counted_not_decoded() -> None:
         ([("__name__", "b"), ("le", "+Inf"), ("x", "ünïcode")], [(3000, 0.0)]),
     ]
     out = rw.decode(rw.encode(series))
-    assert [(rw.parse_labels(k), s) for k, s, _, _ in out] == [(list(lb), s) for lb, s in series]
-    # histograms and exemplars are counted without being decoded; metadata (field 3) is skipped
+    assert [(rw.parse_labels(k), s) for k, s, _ in out] == [(list(lb), s) for lb, s in series]
+    # histograms are counted without being decoded; exemplars and metadata (field 3) are skipped
     req = rw.WriteRequest()
     ts = req.timeseries.add()
     ts.histograms.append(b"\x08\x01")
@@ -64,8 +64,8 @@ def test_decode_round_trip_and_what_is_counted_not_decoded() -> None:
     raw = req.SerializeToString() + b"\x1a\x04\x08\x01\x12\x00"  # + one MetricMetadata (field 3)
     import cramjam
 
-    [(labels, samples, histograms, exemplars)] = rw.decode(bytes(cramjam.snappy.compress_raw(raw)))
-    assert (labels, samples, histograms, exemplars) == ((), [], 2, 1)
+    [(labels, samples, histograms)] = rw.decode(bytes(cramjam.snappy.compress_raw(raw)))
+    assert (labels, samples, histograms) == ((), [], 2)
 
 
 def test_snappy_length_header_is_read_before_decompressing() -> None:

@@ -11,8 +11,8 @@ prometheus/prompb/{remote,types}.proto)::
 
 The message types are built here in code with ``descriptor_pb2`` (no protoc, no generated file) and
 parsed by the ``protobuf`` runtime (upb, C). ``metadata`` is not declared, so it is skipped as an
-unknown field. ``exemplars`` and ``histograms`` are declared as ``bytes``: they are counted without
-being decoded (native histograms are not stored by KCMS; exemplars are ignored). Labels are kept as
+unknown field. ``exemplars`` and ``histograms`` are declared as ``bytes``: histograms are counted
+without being decoded (native histograms are not stored by KCMS), exemplars are ignored. Labels are kept as
 serialized ``Label`` messages (see :func:`_build_types`). No hand-written decoder: the upb parser
 takes ~0.3 ms for a 2 000-series request, less than the Python work of reading its fields.
 
@@ -142,9 +142,9 @@ def _build_types() -> tuple[type, type]:
 WriteRequest, Label = _build_types()
 
 LabelKey = tuple[bytes, ...]  # a series' labels as sent: serialized Label messages
-# One decoded series: (label key, samples as (timestamp_ms, value), histograms, exemplars) -- a
+# One decoded series: (label key, samples as (timestamp_ms, value), native histogram samples) -- a
 # plain tuple, not a dataclass: built once per series per request on the ingestion path.
-RawSeries = tuple[LabelKey, list[tuple[int, float]], int, int]
+RawSeries = tuple[LabelKey, list[tuple[int, float]], int]
 
 
 def parse_labels(key: LabelKey) -> list[tuple[str, str]]:
@@ -234,22 +234,31 @@ def decode(body: bytes | bytearray | memoryview, limits: WriteLimits | None = No
             "too_many_series",
             f"{len(timeseries)} series in one request; at most {lim.max_series} are accepted",
         )
-    total = sum(len(ts.samples) for ts in timeseries)
-    if total > lim.max_samples:
-        raise TooLarge(
-            "too_many_samples", f"{total} samples in one request; at most {lim.max_samples} are accepted"
-        )
-    # the series are read in one pass each: labels (bytes), samples, then histogram and exemplar
-    # counts only for a series that has any (a length check is cheaper than a field read)
-    return [
-        (
-            tuple(ts.labels),
-            [(s.timestamp, s.value) for s in ts.samples],
-            len(ts.histograms),
-            len(ts.exemplars),
-        )
-        for ts in timeseries
-    ]
+    # One pass, the cheapest reads first (figures: 2 000 series of 5 labels and one sample, per
+    # series): labels as bytes (0.5 us); one sample read by index (0.4 us, against 0.7 us for a loop
+    # over one); the histogram count only for a series without samples -- Prometheus sends a series'
+    # floats and its native histograms apart -- (a length read costs 0.17 us); exemplars not at all.
+    out: list[RawSeries] = []
+    append = out.append
+    total = 0
+    max_samples = lim.max_samples
+    for ts in timeseries:
+        samples = ts.samples
+        n = len(samples)
+        total += n
+        if total > max_samples:  # counted as read: at most max_samples become Python objects
+            raise TooLarge(
+                "too_many_samples",
+                f"more than {max_samples} samples in one request ({total} in its first {len(out) + 1} series)",
+            )
+        if n == 1:
+            s = samples[0]
+            append((tuple(ts.labels), [(s.timestamp, s.value)], 0))
+        elif n:
+            append((tuple(ts.labels), [(s.timestamp, s.value) for s in samples], 0))
+        else:
+            append((tuple(ts.labels), [], len(ts.histograms)))
+    return out
 
 
 def encode(series: Iterable[tuple[Sequence[tuple[str, str]], Sequence[tuple[int, float]]]]) -> bytes:
