@@ -9,7 +9,8 @@ about one Kubernetes object, served by ``custom.metrics.k8s.io`` (or an external
 
 * the metric is the ``__name__`` label;
 * the object comes from the series' labels by prometheus-adapter's label association
-  (``resources.overrides`` / ``template``): a :class:`ResourceMapper` -- the one of the adapter
+  (``resources.overrides`` / ``template``, :mod:`kcms.apis.remote_write_binding`, cached per label
+  set): a :class:`ResourceMapper` -- the one of the adapter
   config's first rule when ``--config`` is given, else :class:`DefaultResources` (the ``namespace``
   label holds the namespace, a label named after a resource's kind in lower case -- ``pod``,
   ``node``, ``deployment``, ``statefulset``, ``service`` ... -- names an object of it; ``job`` is
@@ -59,8 +60,6 @@ import math
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import islice
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -72,11 +71,41 @@ from kcms.apiserver.authz import AccessAuthorizer
 from kcms.apiserver.responses import status_response
 from kcms.httpbody import BodyTooLarge, read_body
 from kcms.model import Labels, ObjectRef, UserInfo
-from kcms.sources.remote_write import LabelKey, RawSeries, RemoteWriteError, WriteLimits, decode, parse_labels
+from kcms.sources.remote_write import RawSeries, RemoteWriteError, WriteLimits, decode
 
-from .objects import WELL_KNOWN
 from .pushauth import AUTHORIZATION_ERROR, FORBIDDEN, TOO_MANY_TARGETS, Target, TargetAuthorizer
 from .quota import SeriesQuota
+from .remote_write_binding import (
+    INVALID_LABEL_NAME,
+    INVALID_METRIC_NAME,
+    INVALID_OBJECT,
+    MALFORMED_LABELS,
+    NO_OBJECT,
+    Binding,
+    DefaultResources,
+    Refusal,
+    ResourceMapper,
+    SeriesBinder,
+    config_mapper,
+    default_namespaced,
+)
+
+__all__ = [
+    "INVALID_LABEL_NAME",
+    "INVALID_METRIC_NAME",
+    "INVALID_OBJECT",
+    "MALFORMED_LABELS",
+    "NO_OBJECT",
+    "REMOTE_WRITE_PATH",
+    "Binding",
+    "DefaultResources",
+    "RemoteWriteAPI",
+    "ResourceMapper",
+    "SeriesBinder",
+    "config_mapper",
+    "default_namespaced",
+    "install_from_args",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +133,8 @@ REQUESTS = Counter(
     ["code", "reason"],
 )
 
-# Per-sample refusal reasons of this path (the others are kcms.limits', pushauth's and quota's).
-INVALID_METRIC_NAME = "invalid_metric_name"
-INVALID_LABEL_NAME = "invalid_label_name"
-MALFORMED_LABELS = "malformed_labels"
-INVALID_OBJECT = "invalid_object"
-NO_OBJECT = "no_object"
+# Per-sample refusal reasons of this path (the others are the binding's, kcms.limits', pushauth's and
+# quota's).
 TOO_MANY_SAMPLES = "too_many_samples"
 NON_FINITE_VALUE = "non_finite_value"
 TOO_OLD = "too_old"
@@ -129,195 +154,6 @@ RETRY_AFTER = 5  # seconds, on a 503 (a review could not be made)
 DECISION_TTL = 2.0  # seconds an authorization answer is reused (on top of the reviewer's cache)
 MAX_DECISIONS = 200_000  # targets remembered per user; more: forgotten (asked again)
 MAX_DECISION_USERS = 64  # users remembered; more: all forgotten
-
-
-class GroupResourceLike(Protocol):
-    group: str
-    resource: str
-
-
-class ResourceMapper(Protocol):
-    """The part of prometheus-adapter's label association used here
-    (``kcms.apis.prometheus.resources.ResourceMapper``, or :class:`DefaultResources`)."""
-
-    namespace_label: str | None
-
-    def label_for(self, gr: Any) -> str | None: ...
-
-    def resources_in(self, labels: Mapping[str, str]) -> Sequence[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _GroupResource:
-    group: str
-    resource: str
-
-    def __str__(self) -> str:
-        return f"{self.resource}.{self.group}" if self.group else self.resource
-
-
-class DefaultResources:
-    """The label association without ``--config``: prometheus-adapter's ``namespace`` label plus the
-    ``<<.Resource>>`` template over the well-known resources (``kcms.apis.objects.WELL_KNOWN``):
-    a label named after a kind in lower case (``pod``, ``node``, ``deployment``, ...) names an
-    object of it. ``job`` is not ``jobs.batch``: Prometheus puts its scrape job there."""
-
-    namespace_label = "namespace"
-    namespaced = True
-
-    def __init__(self) -> None:
-        self._by_label: dict[str, _GroupResource] = {}
-        for info in WELL_KNOWN.values():
-            if (info.group, info.resource) == ("batch", "jobs"):
-                continue
-            self._by_label[info.kind.lower()] = _GroupResource(info.group, info.resource)
-        self._labels = {gr: label for label, gr in self._by_label.items()}
-
-    def label_for(self, gr: Any) -> str | None:
-        return self._labels.get(_GroupResource(gr.group, gr.resource))
-
-    def resource_for_label(self, label: str) -> _GroupResource | None:
-        return self._by_label.get(label)
-
-    def resources_in(self, labels: Mapping[str, str]) -> list[_GroupResource]:
-        by_label = self._by_label
-        return [by_label[k] for k in labels if k in by_label]
-
-
-def default_namespaced(group_resource: str) -> bool:
-    """Whether objects of ``group_resource`` live in namespaces (the well-known table; True else)."""
-    info = WELL_KNOWN.get(group_resource)
-    return True if info is None else info.namespaced
-
-
-@dataclass(slots=True, eq=False)
-class Binding:
-    """What one series is: a metric about one object (``obj.resource == ""``: external), its labels."""
-
-    metric: str
-    obj: ObjectRef
-    labels: Labels
-    target: Target
-    key: int  # the quota's series key: hash((metric, obj, labels)), as pushes compute it
-    recorded: float = -math.inf  # when the quota was last told of a write of it (monotonic seconds)
-
-
-Refusal = tuple[str, str]  # (reason, message)
-
-
-class SeriesBinder:
-    """Binds label sets to objects (see the module docstring) and remembers the answer per label
-    key: a sender repeats the same series request after request, so after the first request a
-    series costs a dict lookup. At most ``max_cached`` keys are kept (the oldest quarter is forgotten
-    when full)."""
-
-    def __init__(
-        self,
-        mapper: ResourceMapper | None = None,
-        *,
-        namespaced: Callable[[str], bool] = default_namespaced,
-        max_labels: int = limits.MAX_LABELS,
-        max_cached: int = 100_000,
-    ) -> None:
-        self.mapper: ResourceMapper = mapper or DefaultResources()
-        self.namespaced = namespaced
-        self.max_labels = max_labels
-        self.max_cached = max(16, max_cached)
-        self._cache: dict[LabelKey, Binding | Refusal] = {}
-
-    def bind_all(self, series: Sequence[RawSeries]) -> list[Binding | Refusal]:
-        """The binding of each series (a cache hit costs a dict lookup, no call)."""
-        get = self._cache.get
-        bind = self.bind
-        return [get(s[0]) or bind(s[0]) for s in series]
-
-    def bind(self, key: LabelKey) -> Binding | Refusal:
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        result = self._bind(key)
-        cache = self._cache
-        if len(cache) >= self.max_cached:
-            for old in list(islice(cache, self.max_cached // 4)):
-                del cache[old]
-        cache[key] = result
-        return result
-
-    def _bind(self, key: LabelKey) -> Binding | Refusal:
-        if len(key) > self.max_labels:
-            return limits.TOO_MANY_LABELS, f"{len(key)} labels on one series; at most {self.max_labels}"
-        try:
-            pairs = parse_labels(key)
-        except ValueError as e:
-            return MALFORMED_LABELS, str(e)
-        problem = limits.labels_problem(pairs, self.max_labels)
-        if problem:
-            return problem
-        labels: dict[str, str] = {}
-        for k, v in pairs:
-            if not limits.LABEL_NAME_RE.fullmatch(k):
-                return (
-                    INVALID_LABEL_NAME,
-                    f"label name {limits.printable(k, 60)} is not a Prometheus label name",
-                )
-            if k in labels:
-                return INVALID_LABEL_NAME, f"label {limits.printable(k, 60)} appears twice"
-            if v:  # an empty value is no label (Prometheus's rule)
-                labels[k] = v
-        metric = labels.pop("__name__", "")
-        problem = limits.metric_name_problem(metric)
-        if problem:
-            return problem
-        if not limits.METRIC_NAME_RE.fullmatch(metric):
-            return INVALID_METRIC_NAME, f"metric name {limits.printable(metric, 80)} is missing or invalid"
-        mapper = self.mapper
-        ns_label = mapper.namespace_label
-        namespace = labels.get(ns_label, "") if ns_label else ""
-        grs = [
-            gr for gr in mapper.resources_in(labels) if not (gr.group == "" and gr.resource == "namespaces")
-        ]
-        resource = name = ""
-        obj_label = None
-        if grs:
-            gr = _pick(grs, self.namespaced)
-            obj_label = mapper.label_for(gr)
-            resource = str(gr)  # "pods", "deployments.apps"
-            name = labels.get(obj_label, "") if obj_label else ""
-            if not self.namespaced(resource):
-                namespace = ""
-        if namespace and (len(namespace) > 63 or not limits.DNS_LABEL_RE.fullmatch(namespace)):
-            return (
-                INVALID_OBJECT,
-                f"namespace {limits.printable(namespace, 80)} is not a valid namespace name",
-            )
-        if resource:
-            if not name or len(name) > 253 or not limits.DNS_SUBDOMAIN_RE.fullmatch(name):
-                return (
-                    INVALID_OBJECT,
-                    f"{resource} name {limits.printable(name, 80)} is not a valid object name",
-                )
-            if not namespace and self.namespaced(resource):
-                return (
-                    INVALID_OBJECT,
-                    f"a series about {resource} {limits.printable(name, 80)} has no namespace label",
-                )
-        elif not namespace:
-            return NO_OBJECT, "the series names no object and no namespace: it cannot be served"
-        rest = tuple(sorted((k, v) for k, v in labels.items() if k != ns_label and k != obj_label))
-        obj = ObjectRef(resource, namespace, name)
-        return Binding(metric, obj, rest, (metric, resource, namespace, name), hash((metric, obj, rest)))
-
-
-def _pick(grs: Sequence[Any], namespaced: Callable[[str], bool]) -> Any:
-    """The object a series naming several is bound to: its pod, else the first namespaced one, else
-    the first (cluster-scoped) one."""
-    for gr in grs:
-        if gr.group == "" and gr.resource == "pods":
-            return gr
-    for gr in grs:
-        if namespaced(str(gr)):
-            return gr
-    return grs[0]
 
 
 class SampleSink(Protocol):
@@ -621,21 +457,6 @@ class RemoteWriteAPI:
             f" from {limits.printable(writer, 80)}" if writer else "",
             f": {limits.printable(message, 200)}" if message else "",
         )
-
-
-def config_mapper(config: Any) -> ResourceMapper:
-    """The label association of a prometheus-adapter config (an ``AdapterConfig``, or the path of its
-    file): its first custom rule's ``resources`` (``kcms.apis.prometheus``; ``ConfigError`` naming
-    the rule and field)."""
-    from .prometheus.config import read_adapter_config
-    from .prometheus.naming import MetricNamer
-    from .prometheus.rules import ConfigError
-
-    if isinstance(config, str):
-        config = read_adapter_config(config)
-    if not config.rules:
-        raise ConfigError("rules: remote write binds series with the first rule's resources; there is none")
-    return MetricNamer.from_rule(config.rules[0], external=False).resources
 
 
 def install_from_args(
