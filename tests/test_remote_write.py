@@ -466,3 +466,59 @@ rules:
     b = SeriesBinder(config_mapper(str(path)))
     got = b.bind(key(("__name__", "m"), ("kube_apps_deployment", "web"), ("kube__namespace", "team-a")))
     assert got.obj == ObjectRef("deployments.apps", "team-a", "web"), got
+
+
+async def test_kcms_standalone_serves_remote_write_with_the_push_rules(
+    ca, fake_kube, tmp_path, clean_log
+) -> None:
+    import _rbac as rbac
+    from _pipeline import start_env, stop_env, wait_ready
+    from _remote_write_helpers import RBAC, TOKENS
+
+    from kcms.sim import SimulatedCluster
+
+    sim = SimulatedCluster(
+        nodes=2, pods_per_node=2, containers_per_pod=1, seed=5, ca=ca, one_port_per_node=True
+    )
+    await sim.start()
+    env = await start_env(ca, fake_kube, tmp_path, sim)
+    pods = sorted((p.namespace, p.name) for n in sim.nodes for p in n.pods)
+    (ns, pod), (other_ns, other_pod) = pods[0], pods[-1]
+    assert ns != other_ns
+    # the writer may write the first pod's namespace only
+    grant = {
+        "kind": "RoleBinding",
+        "metadata": {"name": "rw", "namespace": ns},
+        "roleRef": {"kind": "ClusterRole", "name": "kcms-remote-writer"},
+        "subjects": [{"kind": "ServiceAccount", "namespace": "monitoring", "name": "prometheus"}],
+    }
+    fake_kube.tokens.update(TOKENS)
+    fake_kube.authorize = rbac.authorizer([*RBAC, grant])
+    try:
+        await wait_ready(env)
+        now = int(time.time() * 1000)
+        body = rw.encode(
+            [
+                ([("__name__", "queue_depth"), ("namespace", ns), ("pod", pod)], [(now - 1000, 9.0)]),
+                (
+                    [("__name__", "queue_depth"), ("namespace", other_ns), ("pod", other_pod)],
+                    [(now - 1000, 1.0)],
+                ),
+            ]
+        )
+        headers = {
+            "Authorization": "Bearer writer-token",
+            "Content-Type": "application/x-protobuf",
+            "Content-Encoding": "snappy",
+            "X-Prometheus-Remote-Write-Version": "0.1.0",
+        }
+        async with aiohttp.ClientSession() as s:
+            async with s.post(env.url + REMOTE_WRITE_PATH, data=body, headers=headers, ssl=env.ssl) as r:
+                assert r.status == 204 and r.headers["X-Kcms-Rejected"] == "forbidden=1", await r.text()
+        assert [x.value for x in env.pipeline.series.query("pods", ns, [pod], "queue_depth")] == [9.0]
+        assert env.pipeline.series.query("pods", other_ns, [other_pod], "queue_depth") == []
+        status, _ = await env.get("/readyz", token=None, accept=None)
+        assert status == 200
+    finally:
+        await stop_env(env)
+        await sim.stop()
