@@ -373,3 +373,48 @@ async def test_discovery_of_10000_series_stays_served_and_survives_prometheus_go
         if not stopped:
             await asyncio.to_thread(bulk.prometheus.stop)
         await asyncio.to_thread(served.stop)
+
+
+# ---- the resourceRules feed against a failing backend ----------------------------------------------
+
+
+async def test_resource_feed_keeps_readings_on_failure_then_expires_them_never_frozen(hostile, caplog):
+    from _bridge_helpers import ADAPTER_CONFIG
+    from fakeapi import make_node, make_pod
+
+    from kcms.apis.prometheus.config import load_adapter_config
+    from kcms.apis.prometheus.resource_source import PrometheusResources
+    from kcms.kube.inventory import StaticInventory
+    from kcms.sources.prometheus_api import PrometheusClient
+    from kcms.store.resource import ResourceStore
+
+    caplog.set_level(logging.INFO)
+    inventory = StaticInventory([make_node("node-1"), make_pod("default", "p-0", "node-1")])
+    rules = load_adapter_config(ADAPTER_CONFIG).resource_rules
+    assert rules is not None
+    # every query answers this one row: 2 cores as cpu, 2 bytes as memory
+    labels = {"namespace": "default", "pod": "p-0", "container": "app", "node": "node-1"}
+    hostile.rows = [{"metric": labels, "value": [time.time(), "2"]}]
+    store = ResourceStore(10.0)
+    client = PrometheusClient(hostile.url, timeout=1.0)
+    feed = PrometheusResources(client, rules, store, inventory, interval=10.0)
+    try:
+        assert await feed.cycle()
+        node = store.node_usage("node-1")
+        assert node is not None and (node.cpu_nanocores, node.memory) == (2 * 10**9, 2)
+        assert node.window == rules.window  # served over the rule's window, as the adapter does
+        pod = store.pod_usage("default", "p-0")
+        assert pod is not None and [name for name, _ in pod.containers] == ["app"]
+        for mode in ("error", "malformed", "slow"):
+            hostile.mode = mode
+            assert not await feed.cycle()
+            assert store.node_usage("node-1") is not None  # the previous readings are kept...
+            ok, detail = feed.missing_check()
+            assert ok and "last cycle failed" in detail, detail
+        store.expire(now=time.monotonic() + 3 * 10.0)  # ...until they are too old: never frozen
+        assert store.node_usage("node-1") is None and store.pod_usage("default", "p-0") is None
+        hostile.mode = "ok"
+        assert await feed.cycle() and store.node_usage("node-1") is not None
+    finally:
+        await client.close()
+    assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info]

@@ -82,6 +82,7 @@ class PrometheusResources:
         self._last_cycle = 0.0  # monotonic end of the last cycle (ok or not)
         self._last_ok = 0.0
         self._problem = ""
+        self._failed = 0  # queries of the current cycle that failed
         self._nodes_seen: set[str] = set()
 
     def start(self) -> None:
@@ -108,14 +109,15 @@ class PrometheusResources:
             return await self.client.query(promql)
         except PrometheusError as e:
             FAILURES.labels(e.reason).inc()
+            self._failed += 1
             self._problem = f"{what}: {e.reason}: {e}"
-            log.warning("resourceRules %s failed: %s", what, printable(e))
             return None
 
     async def cycle(self) -> bool:
         """One round: cpu and memory of every listed pod (per namespace, in chunks of
         :data:`NAMES_PER_QUERY` names) and node; True when every query answered. Pods (nodes) are
         written only when all their queries answered, so a half-failed round never drops objects."""
+        self._failed = 0
         pods: dict[str, list[str]] = {}
         for pod in self.inventory.pods():
             pods.setdefault(pod.namespace, []).append(pod.name)
@@ -167,6 +169,14 @@ class PrometheusResources:
         if ok:
             self._last_ok = time.monotonic()
             self._problem = ""
+        elif self._failed:  # one line a cycle, however many queries failed
+            log.warning(
+                "resourceRules: %d of %d queries failed (previous readings kept until they expire); %s",
+                self._failed,
+                len(pod_jobs) + len(node_jobs),
+                printable(self._problem),
+            )
+        self._last_cycle = time.monotonic()
         return ok
 
     def _pair(self, at: float, cores: float, memory: float) -> tuple[ResourcePoint, ResourcePoint]:
