@@ -848,6 +848,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="the last N simulated kubelets stop answering after two scrapes, to show stale nodes and "
         "scrape errors (default 0)",
     )
+    p.add_argument(
+        "--prometheus",
+        default="",
+        metavar="URL",
+        help="also serve custom metrics from this Prometheus-compatible URL through the bridge "
+        "(docs/prometheus.md; default none)",
+    )
+    p.add_argument(
+        "--prometheus-config",
+        default="",
+        metavar="FILE",
+        help="prometheus-adapter config for --prometheus (default: pod and deployment metrics of every "
+        "series with namespace and pod labels)",
+    )
     add_history_flag(p)
     add_logging_flags(p)
     # `kcms top` is `kubectl kcms top` (kcms/kubectl, its own flags): listed here, parsed there.
@@ -903,6 +917,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_history_flag(sub, args)
         if not 0 <= args.down_nodes <= args.nodes:
             sub.error(f"argument --down-nodes: must be between 0 and --nodes ({args.nodes}), got {args.down_nodes}")
+        from kcms.demo_prometheus import flag_problem
+
+        if problem := flag_problem(args):  # --prometheus, --prometheus-config
+            sub.error(problem)
         from kcms.demo import run_demo
 
         return asyncio.run(run_demo(args, build_parser("standalone")))

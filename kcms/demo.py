@@ -13,6 +13,8 @@ import tempfile
 from kcms import certs
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
 from kcms.collector.kubelet import KubeletClient
+from kcms.demo_prometheus import examples as prometheus_examples
+from kcms.demo_prometheus import found_pods, standalone_flags
 from kcms.kube.inventory import StaticInventory
 from kcms.sim import SimulatedCluster
 from kcms.sim.agents import SimulatedAgents
@@ -86,7 +88,9 @@ current-context: kcms-demo
         f.write(text)
 
 
-def demo_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+def demo_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, extra: list[str] | None = None
+) -> argparse.Namespace:
     """The `kcms standalone` flags the demo runs with (every other flag at its default).
 
     ``parser`` is `kcms`'s own (``kcms.cli.build_parser("standalone")``), passed in by the caller:
@@ -100,6 +104,7 @@ def demo_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argp
             f"--metric-resolution={args.metric_resolution}s",
             "--agent-insecure-http",  # the simulated agents serve plain HTTP on loopback
             f"--history={args.history}s",  # 0: off (history.kcms.io absent)
+            *(extra or []),  # --prometheus: the bridge's flags (kcms/demo_prometheus.py)
         ]
     )
 
@@ -120,8 +125,13 @@ async def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         nodes=args.nodes, pods_per_node=args.pods_per_node, one_port_per_node=True, seed=1
     )
     await cluster.start()
-    inventory = StaticInventory(cluster.inventory_objects())
-    settings = demo_args(args, parser)
+    objects = cluster.inventory_objects()
+    simulated = [
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o.get("kind") == "Pod"
+    ]
+    prometheus_pods = await found_pods(args, simulated)  # --prometheus: the pods its series name
+    inventory = StaticInventory(objects + prometheus_pods)
+    settings = demo_args(args, parser, standalone_flags(args, work_dir))
     kubelets = KubeletClient(kubelet_config(settings, extra_ca_pem=[cluster.ca_pem.decode()]))
     serving = ServingOptions(
         secure_port=args.secure_port, bind_address="127.0.0.1", cert_dir=os.path.join(work_dir, "certs")
@@ -171,6 +181,9 @@ async def run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 pod=pod.name,
                 app=pod.labels.get("app", ""),
             )
+            print(f"  kubectl --kubeconfig {kubeconfig} get --raw '{path}'", flush=True)
+        taken = {p.split("?")[0].rsplit("/", 1)[1] for p in EXAMPLES}  # the store's names win
+        for path in prometheus_examples(pipeline.bridge, prometheus_pods, taken):  # from --prometheus
             print(f"  kubectl --kubeconfig {kubeconfig} get --raw '{path}'", flush=True)
         print(
             f"  curl --cacert {pipeline.server.serving_cert_file} https://127.0.0.1:{port}/readyz?verbose",
