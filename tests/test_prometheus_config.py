@@ -502,6 +502,38 @@ def test_read_adapter_config(tmp_path: Path) -> None:
         read_adapter_config(str(bad))
 
 
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("rules: " + "[" * 5000 + "]" * 5000, r"^<config>: not valid YAML: nested too deeply"),
+        (
+            "rules:\n- seriesQuery: x\n  metricsQuery: '<<" + "(" * 3000 + ".Series" + ")" * 3000 + ">>'\n",
+            r"^rules\[0\]\.metricsQuery: template does not parse: nested too deeply",
+        ),
+        (
+            "rules:\n- seriesQuery: x\n  metricsQuery: '"
+            + "<<if true>>" * 3000
+            + "x"
+            + "<<end>>" * 3000
+            + "'\n",
+            r"^rules\[0\]\.metricsQuery: template does not parse: nested too deeply",
+        ),
+        (
+            "rules:\n- seriesQuery: x\n  metricsQuery: q\n  name: {matches: '"
+            + "(" * 3000
+            + "a"
+            + ")" * 3000
+            + "'}\n",
+            r"^rules\[0\]\.name\.matches: error parsing regexp: nested too deeply",
+        ),
+    ],
+    ids=["yaml", "template-parens", "template-ifs", "regexp"],
+)
+def test_pathological_nesting_is_a_config_error_not_a_crash(text: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        load_adapter_config(text)
+
+
 def test_yaml_tags_that_build_objects_are_refused() -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_adapter_config("rules: !!python/object/apply:os.system ['true']")

@@ -257,6 +257,8 @@ def load_adapter_config(text: str, source: str = "<config>") -> AdapterConfig:
     """Parse and check a prometheus-adapter configuration; :class:`ConfigError` names what is wrong."""
     try:
         doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

@@ -209,6 +209,8 @@ def compile_go_regexp(pattern: str) -> re.Pattern[str]:
         return re.compile(translated, re.ASCII)
     except re.error as exc:
         raise ValueError(f"error parsing regexp: {exc}") from None
+    except RecursionError:
+        raise ValueError("error parsing regexp: nested too deeply") from None
 
 
 def _translate_go(pattern: str) -> str:

@@ -64,16 +64,19 @@ def _compile(text: str, where: str, fields: frozenset[str], sample: Mapping[str,
     """Parse a config template and try it once on sample values: every error is a ConfigError at load."""
     try:
         template = parse(text)
+        read = template.top_level_fields()
     except TemplateError as exc:
         raise ConfigError(f"{where}: template does not parse: {exc}") from None
-    unknown = sorted(template.top_level_fields() - fields)
+    except RecursionError:
+        raise ConfigError(f"{where}: template does not parse: nested too deeply") from None
+    unknown = sorted(read - fields)
     if unknown:
         raise ConfigError(
             f"{where}: unknown template field .{unknown[0]} (the fields are {', '.join('.' + f for f in sorted(fields))})"
         )
     try:
         rendered = template.render(sample)
-    except TemplateError as exc:
+    except (TemplateError, RecursionError) as exc:
         raise ConfigError(f"{where}: template fails on sample values: {exc}") from None
     if not rendered.strip():
         raise ConfigError(f"{where}: the template produces an empty text")
@@ -110,7 +113,7 @@ def render_query(
     }
     try:
         query = template.render(args)
-    except TemplateError as exc:
+    except (TemplateError, RecursionError) as exc:
         raise QueryBuildError(f"the metrics query template fails: {exc}") from None
     if not query:
         raise QueryBuildError("empty query produced by metrics query template")
