@@ -408,6 +408,8 @@ CASES = [
     ),
     # resourceRules
     ("resourceRules: {}\n", r"^resourceRules\.cpu: required when resourceRules is set"),
+    ("resourceRules: 5\n", r"^resourceRules: expected a mapping, got a number"),
+    ("externalRules: 5\n", r"^externalRules: expected a list, got a number"),
     (
         RESOURCE_RULES[: RESOURCE_RULES.index("  memory:")] + "  memory: 1\n",
         r"^resourceRules\.memory: expected a mapping, got a number",
