@@ -221,6 +221,9 @@ async def hostile():
     h.series = [
         {"__name__": "queue_depth", "queue": "emails"},
         {"__name__": "http_requests_in_flight", "namespace": "default", "pod": "p-0", "deployment": "web"},
+        # names no API can serve: a backend may send anything (left out, counted)
+        {"__name__": "http_requests_in_flight/../x", "namespace": "default", "pod": "p-0"},
+        {"__name__": "queue_depth" + "x" * 300, "queue": "emails"},
     ]
     h.rows = [{"metric": {"queue": "emails"}, "value": [time.time(), "42"]}]
     await h.start()
@@ -254,6 +257,14 @@ async def test_hostile_prometheus_gives_clean_statuses_and_nothing_else_is_affec
         ext = f"{EXTERNAL}/namespaces/default/queue_depth"
         status, body = await e.get(ext)
         assert status == 200 and body["items"][0]["value"] == "42"
+        status, disc = await e.get(EXTERNAL)
+        ext_names = [r["name"] for r in disc["resources"]]  # every rule sees the same series here
+        assert "queue_depth" in ext_names and all(len(n) < 100 and "/" not in n for n in ext_names), ext_names
+        status, disc = await e.get(f"{CUSTOM}/v1beta2")
+        assert not [r["name"] for r in disc["resources"] if "/.." in r["name"] or r["name"].count("/") != 1]
+        status, text = await e.get("/metrics", accept=None)
+        assert "kcms_prometheus_refused_metric_names_total" in text
+        assert "kcms_prometheus_refused_metric_names_total 0.0" not in text
         node = sim.node_names()[0]
         for mode, code, reason in (
             ("error", 503, "ServiceUnavailable"),

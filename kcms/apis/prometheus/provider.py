@@ -39,7 +39,7 @@ from kcms.apis.prometheus.naming import MetricNamer
 from kcms.apis.prometheus.resources import GroupResource
 from kcms.apis.provider import MetricInfo, MetricValue
 from kcms.apiserver import StatusError
-from kcms.limits import printable
+from kcms.limits import MAX_METRIC_NAME_LENGTH, METRIC_NAME_RE, printable
 from kcms.model import ObjectRef
 from kcms.selectors import LabelSelector
 from kcms.sources.prometheus_api import PrometheusClient, PrometheusError
@@ -76,6 +76,11 @@ NON_FINITE = Counter(
     "kcms_prometheus_non_finite_values",
     "Result rows dropped because their value was NaN or infinite, by API.",
     ["api"],
+)
+REFUSED_NAMES = Counter(
+    "kcms_prometheus_refused_metric_names",
+    "Metric names a relist produced that the APIs cannot serve (not [a-zA-Z_:][a-zA-Z0-9_:]*, or over "
+    "253 characters): left out of discovery, counted once per relist.",
 )
 RENDER = "render"  # a rule's template failed on a request's values (a configuration problem)
 for _api in ("custom", "external"):
@@ -232,7 +237,7 @@ class PrometheusProvider:
                     await asyncio.sleep(0)  # 10 000 series must not stall the serving loop
                 name = series.get("__name__", "")
                 if name not in names:
-                    names[name] = namer.metric_name_for(name)
+                    names[name] = self._servable(namer.metric_name_for(name))
                 metric = names[name]
                 if metric is None:
                     continue
@@ -249,10 +254,13 @@ class PrometheusProvider:
             state = self._states.get(id(namer))
             if state is None:
                 continue
+            seen: dict[str, str | None] = {}
             for series in state.series:
                 series_total += 1
                 name = series.get("__name__", "")
-                metric = namer.metric_name_for(name)
+                if name not in seen:
+                    seen[name] = self._servable(namer.metric_name_for(name))
+                metric = seen[name]
                 if metric is not None and metric not in external:
                     external[metric] = _External(namer, name)
         infos = tuple(MetricInfo(r, m, custom[r, m].namespaced) for r, m in sorted(custom))
@@ -261,6 +269,17 @@ class PrometheusProvider:
         DISCOVERED.labels("custom").set(len(infos))
         DISCOVERED.labels("external").set(len(external))
         DISCOVERED_SERIES.set(series_total)
+
+    @staticmethod
+    def _servable(metric: str | None) -> str | None:
+        """``metric`` when the APIs can serve that name (a backend may send any ``__name__``, and
+        ``name.as`` may make anything of it), else None (counted)."""
+        if metric is None:
+            return None
+        if len(metric) > MAX_METRIC_NAME_LENGTH or not METRIC_NAME_RE.fullmatch(metric):
+            REFUSED_NAMES.inc()
+            return None
+        return metric
 
     def relist_check(self) -> tuple[bool, str]:
         """For ``/readyz?verbose`` (a reporting check that never fails readiness: the other sources
