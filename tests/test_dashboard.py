@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -431,3 +432,18 @@ def test_readme_of_vendored_files():
         .readline()
         .startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
     )
+
+
+async def test_run_dashboard_refuses_a_taken_port_and_a_bad_refresh(fake_kube, capsys):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        assert await asyncio.to_thread(run_dashboard, str(fake_kube.kubeconfig), port=port) == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    finally:
+        taken.close()
+    assert await asyncio.to_thread(run_dashboard, str(fake_kube.kubeconfig), refresh=0.1) == 1
+    err = capsys.readouterr().err
+    assert "refresh must be between 1 and 3600 seconds" in err and "Traceback" not in err

@@ -132,12 +132,18 @@ async def _run(
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (ValueError, RuntimeError):  # not the main thread (an embedding program): no signals
+            pass
     try:
         try:
             server = await serve_dashboard(kube, port=port, refresh=refresh, context=context or "")
         except OSError as e:
             print(f"kcms dashboard: cannot listen on 127.0.0.1:{port}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        except ValueError as e:  # a refresh out of range
+            print(f"kcms dashboard: {e}", file=sys.stderr)
             return 1
         try:
             print(f"KCMS dashboard for {kube.host}: {server.url}", file=out, flush=True)
