@@ -522,3 +522,16 @@ async def test_kcms_standalone_serves_remote_write_with_the_push_rules(
     finally:
         await stop_env(env)
         await sim.stop()
+
+
+def test_the_documented_otel_config_binds_its_labels_to_pods() -> None:
+    from kcms.apis.prometheus.config import load_adapter_config
+    from kcms.apis.remote_write import config_mapper
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "remote-write.md").read_text()
+    block = doc.split("# --config for KCMS\n", 1)[1].split("```", 1)[0]
+    b = SeriesBinder(config_mapper(load_adapter_config(block)))
+    got = b.bind(
+        key(("__name__", "m"), ("k8s_namespace_name", "shop"), ("k8s_pod_name", "web-1"), ("x", "y"))
+    )
+    assert got.obj == ObjectRef("pods", "shop", "web-1") and got.labels == (("x", "y"),)
