@@ -150,6 +150,7 @@ class HostilePrometheus:
         self.series: list[dict[str, str]] = []
         self.rows: list[dict] = []
         self.requests: list[str] = []
+        self.seen: list[tuple[str, dict[str, str], dict]] = []  # (method, headers, form) of each request
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -159,6 +160,7 @@ class HostilePrometheus:
 
     async def _answer(self, request: web.Request, data) -> web.StreamResponse:
         self.requests.append(request.path)
+        self.seen.append((request.method, dict(request.headers), dict(await request.post())))
         mode = self.mode
         if mode == "slow":
             await asyncio.sleep(self.delay)

@@ -429,3 +429,33 @@ async def test_resource_feed_keeps_readings_on_failure_then_expires_them_never_f
     finally:
         await client.close()
     assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info]
+
+
+async def test_connection_flags_reach_the_backend(ca, fake_kube, tmp_path, hostile):
+    """--prometheus-header, --prometheus-token-file and --prometheus-verb as the pipeline builds
+    the client from them (Mimir's tenant header, a projected token, POST for long selectors)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    e, sim = await _env(
+        ca,
+        fake_kube,
+        tmp_path,
+        hostile.url,
+        prometheus_header=["X-Scope-OrgID=team-a"],
+        prometheus_token_file=str(token),
+        prometheus_verb="POST",
+    )
+    try:
+        await wait_ready(e)
+        status, body = await e.get(f"{EXTERNAL}/namespaces/default/queue_depth?labelSelector=queue%3Demails")
+        assert status == 200
+        assert hostile.seen, "no request reached the backend"
+        for method, headers, _form in hostile.seen:
+            assert method == "POST"
+            assert headers["X-Scope-OrgID"] == "team-a"
+            assert headers["Authorization"] == "Bearer s3cret"
+        queries = [form["query"] for _, _, form in hostile.seen if "query" in form]
+        assert 'sum(queue_depth{queue="emails"}) by (queue)' in queries
+    finally:
+        await stop_env(e)
+        await sim.stop()
