@@ -228,9 +228,9 @@ def add_series_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--remote-write-max-samples",
         type=positive_int,
-        default=500_000,
+        default=100_000,
         metavar="N",
-        help="samples (and series) in one remote-write request; more: 413 (default 500000)",
+        help="samples (and series) in one remote-write request; more: 413 (default 100000)",
     )
 
 
