@@ -8,12 +8,15 @@ the plugin and only counts when both reads are equal, retrying otherwise (`same_
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import math
 import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import sysconfig
@@ -22,11 +25,14 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
+from _http_helpers import serve_app
 from _kubectl import KUBECTL
 from _process_helpers import STOP_WAIT_SECONDS
 from _stores import free_port
+from aiohttp import web
 
 from kcms.quantity import parse_quantity
 
@@ -467,3 +473,114 @@ def test_imports_no_server_machinery():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
     assert shutil.which("kcms", path=str(SCRIPTS))
+
+
+# ---- nodes with allocatable: KCMS behind an aggregator, as in a cluster ----------------------------------
+async def run_async(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        env=env or plugin_env(),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def kubeconfig_doc(path: str) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+@needs_kubectl
+async def test_top_nodes_percentages_equal_kubectl_top_behind_an_aggregator(demo, fake_kube, ca, tmp_path):
+    """In a cluster, kubectl reads /api/v1/nodes from the kube-apiserver and metrics.k8s.io through its
+    aggregation layer. Here a loopback proxy plays that layer: /api/** goes to the fake API server
+    (tests/fakeapi.py) holding the nodes, everything else to the real `kcms demo`."""
+    from fakeapi import make_node
+
+    names = sorted(i["metadata"]["name"] for i in raw(demo, "/apis/metrics.k8s.io/v1beta1/nodes")["items"])
+    for i, name in enumerate(names + ["sim-node-without-metrics"]):
+        node = make_node(name, labels={"pool": "a" if i % 2 == 0 else "b"})
+        node["status"]["allocatable"] = {"cpu": f"{2 + i}", "memory": f"{4 + 4 * i}Gi", "pods": "110"}
+        node["status"]["capacity"] = {"cpu": f"{4 + i}", "memory": f"{8 + 4 * i}Gi", "pods": "110"}
+        fake_kube.upsert(node)
+    doc = kubeconfig_doc(demo)
+    demo_url = doc["clusters"][0]["cluster"]["server"]
+    demo_ca = tmp_path / "demo-ca.pem"
+    demo_ca.write_bytes(base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]))
+    upstream_ssl = {
+        "demo": ssl.create_default_context(cafile=str(demo_ca)),
+        "fake": ssl.create_default_context(cadata=ca.cert_pem.bytes().decode()),
+    }
+    async with aiohttp.ClientSession() as session:
+
+        async def forward(request: web.Request) -> web.Response:
+            to_fake = request.path == "/api" or request.path.startswith("/api/")
+            base, ctx = (fake_kube.url, upstream_ssl["fake"]) if to_fake else (demo_url, upstream_ssl["demo"])
+            headers = {"Authorization": f"Bearer {fake_kube.admin_token}"} if to_fake else {}
+            async with session.get(base + request.path_qs, ssl=ctx, headers=headers) as resp:
+                body = await resp.read()
+                return web.Response(body=body, status=resp.status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", forward)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(ctx)
+        runner, port = await serve_app(app, ssl_context=ctx, access_log=None)
+        try:
+            front = fake_kube.write_kubeconfig(tmp_path / "front")
+            front_doc = json.loads(front.read_text())
+            front_doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+            front.write_text(json.dumps(front_doc))
+            for flags in (
+                [],
+                ["--sort-by", "cpu"],
+                ["-l", f"kubernetes.io/hostname in ({names[0]},{names[2]})"],
+                ["--show-capacity", "--no-headers"],
+            ):
+                for _ in range(8):
+                    before = await run_async(KUBECTL, "top", "nodes", *flags, "--kubeconfig", str(front))
+                    ours = await run_async(
+                        str(SCRIPTS / "kubectl-kcms"), "top", "nodes", *flags, "--sparkline", "off",
+                        "--kubeconfig", str(front),
+                    )  # fmt: skip
+                    after = await run_async(KUBECTL, "top", "nodes", *flags, "--kubeconfig", str(front))
+                    if before == after:
+                        break
+                else:
+                    pytest.fail("kubectl top nodes changed around every one of 8 runs")
+                assert before[0] == 0, before[2]
+                assert ours == (0, before[1], ""), (flags, ours, before)
+                assert "%" in ours[1] and ("<unknown>" in ours[1]) == ("-l" not in flags)
+            # With history, the sparkline is one more column; the percentages are the same.
+            rc, out, err = await run_async(
+                str(SCRIPTS / "kubectl-kcms"), "top", "nodes", "--kubeconfig", str(front)
+            )
+            assert rc == 0 and err == ""
+            table = cells(out)
+            assert table[0][-1] == "CPU-HISTORY(5m)" and all("%" in r[2] for r in table[1:4])
+            assert table[-1] == ["sim-node-without-metrics"] + ["<unknown>"] * 4 + ["-"]
+        finally:
+            await runner.cleanup()
+
+
+def test_sparkline_slots_scale_and_gaps():
+    from kcms.kubectl.sparkline import Axis, parse_time, resolution
+
+    t0 = 1_700_000_000.0
+    ramp = [(t0 + 15 * i, float(i)) for i in range(20)]
+    assert resolution([ramp]) == 15
+    axis = Axis(ramp[-1][0], 300, 15)
+    line = axis.render(ramp)
+    assert len(line) == axis.width == 20
+    assert line[0] == "▁" and line[-1] == "█"
+    assert list(line) == sorted(line, key="▁▂▃▄▅▆▇█".index)  # a ramp never goes down
+    # jitter of a few seconds keeps each point in its own slot; a missing scrape is a space
+    jittered = [(t + (4 if i % 2 else -4), v) for i, (t, v) in enumerate(ramp) if i != 10]
+    assert axis.render(jittered)[10] == " " and axis.render(jittered).count(" ") == 1
+    # zero everywhere is the lowest block; a younger row starts with spaces; old points are dropped
+    assert axis.render([(t, 0.0) for t, _ in ramp]) == "▁" * 20
+    assert axis.render(ramp[15:]) == " " * 15 + axis.render(ramp[15:]).lstrip()
+    assert axis.render([(t0 - 3600, 5.0)]) == " " * 20
+    # a longer window is cut into at most 40 slots
+    assert Axis(t0, 3600, 15).width == 40
+    assert parse_time("2026-11-23T17:11:32.123456789Z") == parse_time("2026-11-23T17:11:32.123456Z")
+    assert parse_time("yesterday") is None and parse_time(12) is None
