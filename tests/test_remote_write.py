@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import calendar
 import json
 import math
 import signal
@@ -371,7 +372,7 @@ async def test_real_prometheus_remote_write_ends_in_the_values_prometheus_has(
                 raw, "/apis/custom.metrics.k8s.io/v1beta2/namespaces/default/pods/web-0/http_requests_total"
             )
             [item] = doc["items"]
-            at = time.mktime(time.strptime(item["timestamp"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+            at = calendar.timegm(time.strptime(item["timestamp"], "%Y-%m-%dT%H:%M:%SZ"))
             # the API shows whole seconds; ask Prometheus for the last sample at or before that second + 1
             theirs = prometheus.api(
                 "query", query='http_requests_total{namespace="default",pod="web-0"}[5s]', time=str(at + 1)
