@@ -114,10 +114,12 @@ class _External:
 
 @dataclass(slots=True)
 class _RuleState:
-    """One rule's last good relist."""
+    """One rule's last good relist, as metrics (the series themselves are not kept)."""
 
-    series: list[Mapping[str, str]]
-    at: float  # wall-clock time of that relist; 0: never
+    custom: dict[tuple[str, str], _Custom]
+    external: dict[str, _External]
+    series: int  # how many series it had after seriesFilters
+    at: float  # wall-clock time of that relist
 
 
 class PrometheusProvider:
@@ -199,8 +201,8 @@ class PrometheusProvider:
                     self._failing[id(namer)] = f"{e.reason}: {e}"
                     failed.append((namer, e))
                     return
-                kept = namer.filter_series(found)
-                self._states[id(namer)] = _RuleState(kept, now)
+                self._states[id(namer)] = await self._derive(namer, namer.filter_series(found))
+                del found
                 self._failing.pop(id(namer), None)
 
         await asyncio.gather(*(one(n) for n in namers))
@@ -213,56 +215,57 @@ class PrometheusProvider:
                 printable(namer.path, 60),
                 printable(e),
             )
-        await self._rebuild()
+        self._rebuild()
         if not self._failing:
             self._last_success = now
             RELIST_LAST_SUCCESS.set(now)
         return not self._failing
 
-    async def _rebuild(self) -> None:
+    async def _derive(self, namer: MetricNamer, series: list[Mapping[str, str]]) -> _RuleState:
+        """What one rule's series give: its metrics (name -> series, resources), in series order.
+        Only this is kept (not the series themselves: ~10x less memory at 10 000 series)."""
         custom: dict[tuple[str, str], _Custom] = {}
         external: dict[str, _External] = {}
-        handled = 0
-        series_total = 0
-        for namer in self.custom_namers:
-            state = self._states.get(id(namer))
-            if state is None:
+        names: dict[str, str | None] = {}  # series name -> metric name (None: none)
+        resources: dict[tuple[str, ...], list[tuple[GroupResource, bool]]] = {}  # label names ->
+        for handled, labels in enumerate(series, 1):
+            if handled % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # 10 000 series must not stall the serving loop
+            name = labels.get("__name__", "")
+            if name not in names:
+                names[name] = self._servable(namer.metric_name_for(name))
+            metric = names[name]
+            if metric is None:
                 continue
-            names: dict[str, str | None] = {}  # series name -> metric name (None: no match)
-            resources: dict[tuple[str, ...], list[tuple[GroupResource, bool]]] = {}  # label names ->
-            for series in state.series:
-                series_total += 1
-                handled += 1
-                if handled % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # 10 000 series must not stall the serving loop
-                name = series.get("__name__", "")
-                if name not in names:
-                    names[name] = self._servable(namer.metric_name_for(name))
-                metric = names[name]
-                if metric is None:
-                    continue
-                # A series' resources depend only on which labels it has (its label names).
-                key = tuple(sorted(series))
-                grs = resources.get(key)
-                if grs is None:
-                    grs = resources[key] = namer.resources.metrics_in(key)
-                for gr, namespaced in grs:
-                    entry = (str(gr), metric)
-                    if entry not in custom:  # the first rule (and series) naming it wins
-                        custom[entry] = _Custom(namer, name, gr, namespaced)
-        for namer in self.external_namers:
-            state = self._states.get(id(namer))
-            if state is None:
-                continue
-            seen: dict[str, str | None] = {}
-            for series in state.series:
-                series_total += 1
-                name = series.get("__name__", "")
-                if name not in seen:
-                    seen[name] = self._servable(namer.metric_name_for(name))
-                metric = seen[name]
-                if metric is not None and metric not in external:
+            if namer.external:
+                if metric not in external:
                     external[metric] = _External(namer, name)
+                continue
+            # A series' resources depend only on which labels it has (its label names).
+            key = tuple(sorted(labels))
+            grs = resources.get(key)
+            if grs is None:
+                grs = resources[key] = namer.resources.metrics_in(key)
+            for gr, namespaced in grs:
+                entry = (str(gr), metric)
+                if entry not in custom:  # the first series naming it wins
+                    custom[entry] = _Custom(namer, name, gr, namespaced)
+        return _RuleState(custom, external, len(series), self.clock())
+
+    def _rebuild(self) -> None:
+        """Merge the rules' last good results, in config order (the first rule naming a metric wins)."""
+        custom: dict[tuple[str, str], _Custom] = {}
+        external: dict[str, _External] = {}
+        series_total = 0
+        for namer in (*self.custom_namers, *self.external_namers):
+            state = self._states.get(id(namer))
+            if state is None:
+                continue
+            series_total += state.series
+            for key, entry in state.custom.items():
+                custom.setdefault(key, entry)
+            for metric, ext in state.external.items():
+                external.setdefault(metric, ext)
         infos = tuple(MetricInfo(r, m, custom[r, m].namespaced) for r, m in sorted(custom))
         self._custom, self._external = custom, external
         self._infos, self._external_names = infos, tuple(sorted(external))
