@@ -286,6 +286,15 @@ def test_tables_match_the_api(demo, browser):
         by_pod, key=lambda k: -sum(parse_quantity(c["usage"]["cpu"]) for c in by_pod[k]["containers"])
     )
     assert top[:3] == [f"{ns}/{name}" for ns, name in want[:3]]
+    # The page reads again by itself, every resolution (the metrics' window).
+    assert f"every {RESOLUTION}s" in browser.execute_script(
+        "return document.getElementById('status').textContent"
+    )
+    drawn = page["refreshes"]
+    wait_for(
+        "an automatic refresh",
+        lambda: browser.execute_script("return window.kcmsDashboard.refreshes") > drawn,
+    )
 
 
 def test_charts_drawn_from_the_history(demo, browser):

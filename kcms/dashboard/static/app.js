@@ -38,6 +38,8 @@
     return node;
   }
   const $ = (id) => document.getElementById(id);
+  const arr = (x) => (Array.isArray(x) ? x : []); // a list from the API, or none
+  const resources = (r) => arr(r.body && r.body.resources).filter((x) => x && typeof x === "object");
   function clear(node) {
     while (node.firstChild) node.removeChild(node.firstChild);
   }
@@ -141,6 +143,16 @@
   // refuses every percent-escape.
   const enc = (s) => encodeURIComponent(s).replace(/%3A/gi, ":");
 
+  // The items of a list answer that have the shape the page reads (an object with a string name, and
+  // a namespace for pods): one odd item from a server is left out, not a failed refresh.
+  function items(r, namespaced) {
+    if (r.status !== 200 || !r.body || !Array.isArray(r.body.items)) return [];
+    return r.body.items.filter(
+      (i) =>
+        i && typeof i === "object" && i.metadata && typeof i.metadata.name === "string" && (!namespaced || typeof i.metadata.namespace === "string")
+    );
+  }
+
   // ---- one refresh ------------------------------------------------------------------------------
   async function load() {
     const errors = [];
@@ -168,9 +180,9 @@
     if (hist.status !== 200 && hist.status !== 404 && hist.status !== 403) note("history discovery", hist);
     const snap = {
       at: new Date().toISOString(),
-      nodes: nodes.body && nodes.status === 200 ? nodes.body.items || [] : [],
-      pods: pods.body && pods.status === 200 ? pods.body.items || [] : [],
-      nodeList: nodeList.status === 200 && nodeList.body ? nodeList.body.items || [] : null,
+      nodes: items(nodes),
+      pods: items(pods, true),
+      nodeList: nodeList.status === 200 ? items(nodeList) : null,
       history: state.history,
       nodeHistory: [],
       podHistory: [],
@@ -187,9 +199,9 @@
       note("node history", nh);
       note("pod history", ph);
       note("scrape status", sc);
-      snap.nodeHistory = nh.status === 200 ? nh.body.items || [] : [];
-      snap.podHistory = ph.status === 200 ? ph.body.items || [] : [];
-      snap.scrapes = sc.status === 200 ? sc.body.items || [] : null;
+      snap.nodeHistory = items(nh);
+      snap.podHistory = items(ph, true);
+      snap.scrapes = sc.status === 200 ? items(sc) : null;
     }
     for (const p of snap.pods) {
       const n = p.metadata && p.metadata.namespace;
@@ -213,7 +225,7 @@
       return { available: false, metrics: [] };
     }
     const metrics = [];
-    for (const r of (disc.body.resources || []).slice(0, MAX_METRICS)) {
+    for (const r of resources(disc).slice(0, MAX_METRICS)) {
       const slash = String(r.name || "").indexOf("/");
       if (slash < 1) continue;
       metrics.push({ resource: r.name.slice(0, slash), metric: r.name.slice(slash + 1), namespaced: !!r.namespaced, items: [], errors: [] });
@@ -228,13 +240,13 @@
       for (const path of paths) {
         tasks.push(async () => {
           const r = await api(path);
-          if (r.status === 200) m.items.push(...(r.body.items || []));
+          if (r.status === 200) m.items.push(...arr(r.body.items).filter((i) => i && typeof i === "object"));
           else if (r.status !== 404) m.errors.push(r.error);
         });
       }
     }
     await pool(tasks, MAX_PARALLEL);
-    return { available: true, metrics, more: Math.max(0, (disc.body.resources || []).length - MAX_METRICS) };
+    return { available: true, metrics, more: Math.max(0, resources(disc).length - MAX_METRICS) };
   }
 
   async function loadExternal(namespaces, errors) {
@@ -244,13 +256,13 @@
       errors.push(`external metrics discovery: ${disc.error}`);
       return { available: false, metrics: [] };
     }
-    const metrics = (disc.body.resources || []).slice(0, MAX_METRICS).map((r) => ({ metric: String(r.name || ""), items: [], errors: [] }));
+    const metrics = resources(disc).slice(0, MAX_METRICS).map((r) => ({ metric: String(r.name || ""), items: [], errors: [] }));
     const tasks = [];
     for (const m of metrics) {
       for (const n of namespaces) {
         tasks.push(async () => {
           const r = await api(`/apis/external.metrics.k8s.io/v1beta1/namespaces/${enc(n)}/${enc(m.metric)}`);
-          if (r.status === 200) for (const item of r.body.items || []) m.items.push({ namespace: n, ...item });
+          if (r.status === 200) for (const item of arr(r.body.items)) if (item && typeof item === "object") m.items.push({ namespace: n, ...item });
           else if (r.status !== 404) m.errors.push(r.error);
         });
       }
@@ -261,7 +273,7 @@
 
   // ---- derived views ----------------------------------------------------------------------------
   function podUsage(p) {
-    const cs = p.containers || [];
+    const cs = arr(p.containers);
     return {
       cpu: sumNanos(cs.map((c) => (c.usage || {}).cpu)),
       memory: sumNanos(cs.map((c) => (c.usage || {}).memory)),
@@ -270,7 +282,7 @@
   const podKey = (ns, name) => `${ns}/${name}`;
   function nodeSeries(h) {
     const xs = [], cpu = [], mem = [];
-    for (const p of h.points || []) {
+    for (const p of arr(h.points)) {
       const t = Date.parse(p.timestamp);
       if (Number.isNaN(t)) continue;
       xs.push(t / 1000);
@@ -283,13 +295,13 @@
     // The containers of one pod are read together (their timestamps align); a point missing in one
     // container leaves a gap (null) in that container's line and in the pod's total.
     const times = new Set();
-    for (const c of h.containers || []) for (const p of c.points || []) times.add(p.timestamp);
+    for (const c of arr(h.containers)) for (const p of arr(c.points)) times.add(p.timestamp);
     const order = [...times].filter((t) => !Number.isNaN(Date.parse(t))).sort((a, b) => Date.parse(a) - Date.parse(b));
     const xs = order.map((t) => Date.parse(t) / 1000);
     const names = ["pod total"];
     const cpu = [order.map(() => 0)], mem = [order.map(() => 0)];
-    for (const c of h.containers || []) {
-      const byTime = new Map((c.points || []).map((p) => [p.timestamp, p.usage || {}]));
+    for (const c of arr(h.containers)) {
+      const byTime = new Map(arr(c.points).map((p) => [p.timestamp, p.usage || {}]));
       const cc = order.map((t) => (byTime.has(t) ? cores(nanos(byTime.get(t).cpu)) : null));
       const cm = order.map((t) => (byTime.has(t) ? mebibytes(nanos(byTime.get(t).memory)) : null));
       names.push(String(c.name));
@@ -385,8 +397,8 @@
   function render(snap, errors) {
     destroyCharts();
     state.snapshot = snap;
-    const scrapes = new Map((snap.scrapes || []).map((s) => [(s.metadata || {}).name, s]));
-    const alloc = snap.nodeList ? new Map(snap.nodeList.map((n) => [n.metadata.name, n.status.allocatable || {}])) : null;
+    const scrapes = new Map(arr(snap.scrapes).map((s) => [(s.metadata || {}).name, s]));
+    const alloc = snap.nodeList ? new Map(snap.nodeList.map((n) => [n.metadata.name, (n.status || {}).allocatable || {}])) : null;
     const nodeHist = new Map(snap.nodeHistory.map((h) => [(h.metadata || {}).name, h]));
     const podHist = new Map(snap.podHistory.map((h) => [podKey((h.metadata || {}).namespace, (h.metadata || {}).name), h]));
 
@@ -483,7 +495,7 @@
       const cells = [
         el("td", { class: "namespace" }, r.ns),
         el("td", { class: "name" }, r.name),
-        el("td", { class: "num containers" }, String((r.p.containers || []).length)),
+        el("td", { class: "num containers" }, String(arr(r.p.containers).length)),
         el("td", { class: "num cpu" }, fmtCPU(r.cpu)),
         el("td", { class: "num memory" }, fmtMem(r.memory)),
       ];
@@ -582,7 +594,7 @@
       `${custom.metrics.length} metric(s) discovered` +
         (custom.more ? ` (${custom.more} more not read)` : "") +
         "; namespaced ones read in " +
-        (state.snapshot.namespacesRead || []).join(", ") +
+        arr(state.snapshot.namespacesRead).join(", ") +
         (state.snapshot.namespacesSkipped ? ` (+${state.snapshot.namespacesSkipped} namespaces not read)` : "")
     );
     for (const m of custom.metrics) {
@@ -727,8 +739,12 @@
   // ---- the loop ---------------------------------------------------------------------------------
   let timer = null;
   let running = false;
+  let again = false;
   async function refresh() {
-    if (running) return;
+    if (running) {
+      again = true; // e.g. another namespace chosen during a refresh: read again once it ends
+      return;
+    }
     running = true;
     clearTimeout(timer);
     try {
@@ -748,7 +764,8 @@
       hook.errors = [String(e && e.message)];
     } finally {
       running = false;
-      timer = setTimeout(refresh, state.refresh * 1000);
+      timer = setTimeout(refresh, again ? 0 : state.refresh * 1000);
+      again = false;
     }
   }
 
