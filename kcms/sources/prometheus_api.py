@@ -300,7 +300,11 @@ class PrometheusClient:
             connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=self._ssl if self._ssl else True)
             # auto_decompress stays on: the cap below counts decompressed bytes, so a gzip bomb
             # is stopped at max_response_bytes like any large body.
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            # One bound per call (asyncio.timeout in _call), not aiohttp's 5-minute default on top;
+            # proxies from the environment are not used (trust_env=False).
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=None)
+            )
         return self._session
 
     async def _call(self, url: URL, params: list[tuple[str, str]]) -> Any:
