@@ -213,7 +213,7 @@ class PrometheusProvider:
                 len(failed),
                 len(namers),
                 printable(namer.path, 60),
-                printable(e),
+                e,  # PrometheusError's text is escaped and bounded already
             )
         self._rebuild()
         if not self._failing:
@@ -300,7 +300,7 @@ class PrometheusProvider:
             else "never relisted"
         )
         return True, (
-            f"relist of {len(self._failing)} rule(s) failing ({printable(reason, 200)}); "
+            f"relist of {len(self._failing)} rule(s) failing ({reason[:300]}); "
             f"serving the last good list: {held}; {since}"
         )
 
@@ -319,7 +319,7 @@ class PrometheusProvider:
             return await self.client.query(promql)
         except PrometheusError as e:
             QUERY_FAILURES.labels(api, e.reason).inc()
-            log.warning("%s: query %s failed: %s", printable(what, 300), printable(promql, 300), printable(e))
+            log.warning("%s: query %s failed: %s", printable(what, 300), printable(promql, 300), e)
             raise status_for(e, what) from None
 
     def _render_failed(self, api: str, what: str, e: Exception) -> StatusError:

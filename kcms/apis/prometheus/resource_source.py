@@ -131,8 +131,8 @@ class PrometheusResources:
                 promql = build()
             except ValueError as e:  # a template that fails on these values: a configuration problem
                 FAILURES.labels("render").inc()
-                self._problem = f"{what} did not render: {e}"
-                log.warning("resourceRules %s", printable(self._problem))
+                self._problem = f"{what} did not render: {printable(e, 300)}"
+                log.warning("resourceRules %s", self._problem)
                 return resource, ns, None
             async with gate:
                 return resource, ns, await self._query(what, promql)
@@ -174,7 +174,7 @@ class PrometheusResources:
                 "resourceRules: %d of %d queries failed (previous readings kept until they expire); %s",
                 self._failed,
                 len(pod_jobs) + len(node_jobs),
-                printable(self._problem),
+                self._problem,  # escaped: PrometheusError's text is, and render errors went through printable
             )
         self._last_cycle = time.monotonic()
         return ok
@@ -272,7 +272,7 @@ class PrometheusResources:
         missing = self.missing_nodes()
         parts = []
         if self._problem:
-            parts.append(f"last cycle failed: {printable(self._problem, 200)}")
+            parts.append(f"last cycle failed: {self._problem[:300]}")
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             parts.append(f"{len(missing)} node(s) without resourceRules data: {shown}")
