@@ -542,3 +542,40 @@ def test_screenshot(demo, browser, tmp_path):
         out = ROOT / "docs" / "images" / "dashboard.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(data)
+
+
+def test_namespace_choice_and_name_filter(demo, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    open_page(browser, demo.url)
+    Select(browser.find_element(By.ID, "namespace")).select_by_value("team-b")
+    snap = wait_for(
+        "the team-b refresh",
+        lambda: (
+            (s := browser.execute_script("return window.kcmsDashboard.snapshot"))
+            and s["namespacesRead"] == ["team-b"]
+            and s
+        ),
+    )
+    # Pods, their metrics and the custom metrics are read in that namespace only.
+    assert {p["metadata"]["namespace"] for p in snap["pods"]} == {"team-b"}
+    api = demo.api("/apis/metrics.k8s.io/v1beta1/namespaces/team-b/pods")["items"]
+    assert {p["metadata"]["name"] for p in snap["pods"]} == {p["metadata"]["name"] for p in api}
+    for metric in snap["custom"]["metrics"]:
+        for item in metric["items"]:
+            assert item["describedObject"].get("namespace", "team-b") == "team-b"
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#pods-table tbody tr')].map(tr => tr.dataset.namespace)"
+    )
+    assert rows and set(rows) == {"team-b"}
+    # The name filter narrows the tables without a new read.
+    box = browser.find_element(By.ID, "filter")
+    box.send_keys("sim-node-0001")
+    names = wait_for(
+        "the filtered node table",
+        lambda: (n := browser.execute_script(
+            "return [...document.querySelectorAll('#nodes-table tbody tr')].map(tr => tr.dataset.node)"
+        )) == ["sim-node-0001"] and n,
+    )  # fmt: skip
+    assert names == ["sim-node-0001"]
