@@ -579,3 +579,10 @@ def test_namespace_choice_and_name_filter(demo, browser):
         )) == ["sim-node-0001"] and n,
     )  # fmt: skip
     assert names == ["sim-node-0001"]
+
+
+def test_missing_chromium_is_a_failure_naming_the_fix(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(pytest.fail.Exception, match=r"sh tests/system-deps.sh"):
+        _chromium_driver()
