@@ -55,6 +55,7 @@ from resource_report import markdown_table, raw_lines, reference_lines
 BENCH = Path(__file__).resolve().parent
 NODES_PATH = "/apis/metrics.k8s.io/v1beta1/nodes"
 PODS_PATH = "/apis/metrics.k8s.io/v1beta1/pods"
+HISTORY = "/apis/history.kcms.io/v1alpha1"  # served unless --kcms-arg=--history=0 (docs/history.md)
 
 
 def log(msg: str) -> None:
@@ -271,11 +272,29 @@ class Run:
             del r
             hpa_fig, _ = self.time_list(hpa, enc, a.requests)
             self.r["lists"][enc] = {"nodes": nodes, "pods": pods, "hpa": hpa_fig}
+            self.r["lists"][enc].update(self.history_lists(enc))
         self.r["tls"] = self.client.tls()
         rss, _ = tree_memory(self.proc)
         self.r["rss_mb_after_lists"] = rss / 1e6
         log(f"{self.nodes} nodes: lists (p50 ms) " + json.dumps({
             e: {k: round(v["p50_ms"], 1) for k, v in f.items()} for e, f in self.r["lists"].items()}))  # fmt: skip
+
+    def history_lists(self, enc: str) -> dict:
+        """history.kcms.io: one pod's, one namespace's pods' and all nodes' history (when served)."""
+        if self.client.get(HISTORY, timeout=30).status != 200:
+            self.r["history"] = False
+            return {}
+        self.r["history"] = True
+        ns, name = min(self.inventory)
+        one, r = self.time_list(f"{HISTORY}/namespaces/{ns}/pods/{name}", enc, self.args.requests)
+        body = orjson.loads(r.body)
+        one["points"] = len(body["containers"][0]["points"]) if body.get("containers") else 0
+        namespace, r = self.time_list(
+            f"{HISTORY}/namespaces/{self.args.hpa_namespace}/pods", enc, self.args.pod_requests
+        )
+        nodes, r = self.time_list(f"{HISTORY}/nodes", enc, self.args.pod_requests)
+        nodes["points"] = sum(len(i["points"]) for i in items_of(r.body))
+        return {"history_pod": one, "history_namespace": namespace, "history_nodes": nodes}
 
     # ---- 4. the socket-write floor --------------------------------------------------------------
 

@@ -125,6 +125,15 @@ def rows(r: dict) -> list[tuple[str, str]]:
              _vs(_get(r, "lists", enc, "hpa", "p50_ms"), reference(n, "hpa_ms"), 1, "ms")
              + f", {_num(_get(r, 'lists', enc, 'hpa', 'items'), 0)} pods"),
         ]  # fmt: skip
+    if r.get("history"):  # history.kcms.io (docs/history.md): the query latencies, gzip
+        for key, what in (
+            ("history_pod", "one pod"),
+            ("history_namespace", "one namespace"),
+            ("history_nodes", "all nodes"),
+        ):
+            f = _get(r, "lists", "gzip", key)
+            out.append((f"history of {what} (gzip)", f"{_num(_get(f, 'p50_ms'), 1)} ms, {_num(_get(f, 'items'), 0)} items, "
+                        f"{_num(_get(f, 'wire_bytes') / 1e3, 0)} kB"))  # fmt: skip
     out.append(("pods served at the end", _vs(r["pods_served_pct"], reference(n, "pods_served_pct"), 1, "%")))
     load = r.get("load") or {}
     if load:
@@ -181,7 +190,8 @@ def raw_lines(r: dict) -> list[str]:
     n = r["nodes"]
     out = [
         f"== {n} nodes x {r['pods_per_node']} pods x 2 containers ({r['pods']} pods in the API), "
-        f"kcms standalone {' '.join(r['kcms_args'])}".rstrip(),
+        f"kcms standalone {' '.join(r['kcms_args'])}".rstrip()
+        + ("" if "history" not in r else f" (history.kcms.io {'served' if r['history'] else 'absent'})"),
         f"  ready (/readyz 200) after start:     {r['t_ready_s']:8.2f} s",
         f"  95 % of nodes served after start:    {r['t95_nodes_s']:8.2f} s",
         f"  95 % of pods served after start:     {r['t95_pods_s']:8.2f} s (the poll that saw it took {r['t95_pods_poll_s']:.2f} s)",

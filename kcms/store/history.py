@@ -142,14 +142,15 @@ class HistoryStore:
         else:
             nd[slot] = _rate(last, prev)
             nd[cap + slot] = last.memory
-        old = h.pods
-        new: dict[PodKey, tuple[tuple[str, ...], bytearray]] = {}
+        kept = h.pods  # updated in place: no new dict per scrape
         pod_node = self._pod_node
+        step = 2 * cap
+        most = MAX_NANOCORES
         for key, pairs in pods.items():
-            rec = old.get(key)
+            rec = kept.get(key)
             names = tuple(pairs)
             if rec is None or rec[0] != names:
-                rec = self._reshaped(rec, names)
+                rec = kept[key] = self._reshaped(rec, names)
                 pod_node[key] = node
             data: Any = memoryview(rec[1]).cast("q")  # int64 view; released at the next assignment
             base = slot
@@ -161,17 +162,16 @@ class HistoryStore:
                     delta = cur.cpu_ns - before.cpu_ns
                     if span > 0 and delta >= 0:
                         rate = delta / span
-                        if rate <= MAX_NANOCORES:
+                        if rate <= most:
                             cpu = int(rate)
                 data[base] = cpu
                 data[base + cap] = cur.memory
-                base += 2 * cap
-            new[key] = rec
-        if len(new) != len(old) or any(k not in new for k in old):
-            for key in old.keys() - new.keys():
+                base += step
+        if len(kept) != len(pods):  # pods gone since the last scrape (every pod here is in kept)
+            for key in [k for k in kept if k not in pods]:
+                del kept[key]
                 if pod_node.get(key) == node:
                     del pod_node[key]
-        h.pods = new
         h.head = (slot + 1) % cap
         if h.count < cap:
             h.count += 1
