@@ -430,43 +430,83 @@ def test_bad_remote_write_flags_stop_start_up_naming_the_flag() -> None:
             assert f"argument {flag}" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_adapter_config_overrides_and_template_decide_the_binding(tmp_path) -> None:
-    from kcms.apis.prometheus.config import load_adapter_config
+def test_adapter_config_the_first_rule_selecting_a_series_decides_its_binding(tmp_path, caplog) -> None:
     from kcms.apis.remote_write import config_mapper
 
-    overrides = """
+    config = """
 rules:
-- seriesQuery: '{__name__=~"^app_.*",kubernetes_namespace!="",kubernetes_pod_name!=""}'
+- seriesQuery: '{__name__=~"^container_.*",container!="POD",kubernetes_namespace!="",kubernetes_pod_name!=""}'
+  seriesFilters: [{isNot: "^container_spec_.*"}]
   resources:
     overrides:
       kubernetes_namespace: {resource: namespace}
       kubernetes_pod_name: {resource: pod}
-  name: {matches: "^(.*)$", as: "$1"}
+  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+- seriesQuery: 'sum(not_a_selector)'
+  resources: {template: "<<.Resource>>"}
+  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+- seriesQuery: '{__name__=~"^kube_.*"}'
+  resources: {template: "kube_<<.Group>>_<<.Resource>>"}
+  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
+- seriesQuery: 'queue_depth{namespace!=""}'
+  resources:
+    overrides:
+      namespace: {resource: namespace}
   metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
 """
-    b = SeriesBinder(config_mapper(load_adapter_config(overrides)))
+    path = tmp_path / "adapter.yaml"
+    path.write_text(config)
+    b = SeriesBinder(config_mapper(str(path)))
+    assert "rules[1].seriesQuery" in caplog.text  # not a selector: that rule binds nothing, said once
+    # rule 0: overrides; `pod` is only a label under it
     got = b.bind(
         key(
-            ("__name__", "app_x"),
+            ("__name__", "container_cpu"),
+            ("container", "app"),
             ("kubernetes_namespace", "default"),
             ("kubernetes_pod_name", "web-0"),
             ("pod", "p"),
         )
     )
-    assert got.obj == ObjectRef("pods", "default", "web-0") and got.labels == (("pod", "p"),)
-    # `namespace` is no special label under this config: no object, no namespace
-    assert b.bind(key(("__name__", "app_x"), ("namespace", "default")))[0] == "no_object"
-    template = """
-rules:
-- seriesQuery: '{__name__=~"^kube_.*"}'
-  resources: {template: "kube_<<.Group>>_<<.Resource>>"}
-  metricsQuery: 'sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)'
-"""
-    path = tmp_path / "adapter.yaml"
-    path.write_text(template)
-    b = SeriesBinder(config_mapper(str(path)))
-    got = b.bind(key(("__name__", "m"), ("kube_apps_deployment", "web"), ("kube__namespace", "team-a")))
+    assert got.obj == ObjectRef("pods", "default", "web-0"), got
+    assert got.labels == (("container", "app"), ("pod", "p"))
+    # rule 0's matchers refuse container="POD" and its filter container_spec_*: no other rule selects them
+    for pairs in (
+        (
+            ("__name__", "container_cpu"),
+            ("container", "POD"),
+            ("kubernetes_namespace", "d"),
+            ("kubernetes_pod_name", "p"),
+        ),
+        (
+            ("__name__", "container_spec_x"),
+            ("container", "a"),
+            ("kubernetes_namespace", "d"),
+            ("kubernetes_pod_name", "p"),
+        ),
+        (("__name__", "other"), ("namespace", "default"), ("pod", "web-0")),
+    ):
+        assert b.bind(key(*pairs))[0] == "no_rule", pairs
+    # rule 2: a template
+    got = b.bind(key(("__name__", "kube_x"), ("kube_apps_deployment", "web"), ("kube__namespace", "team-a")))
     assert got.obj == ObjectRef("deployments.apps", "team-a", "web"), got
+    # rule 3: a name and a matcher; no object label: an external metric in its namespace
+    got = b.bind(key(("__name__", "queue_depth"), ("namespace", "jobs"), ("queue", "q")))
+    assert got.obj == ObjectRef("", "jobs", "") and got.labels == (("queue", "q"),), got
+    assert b.bind(key(("__name__", "queue_depth"), ("queue", "q")))[0] == "no_rule"  # namespace!="" fails
+
+
+def test_series_selectors_parse_as_promql_does() -> None:
+    from kcms.apis.remote_write_binding import _matches, parse_selector
+
+    ms = parse_selector("""http_requests_total{job=`api`, code=~"5..", path!~'/health.*',}""")
+    assert [(m[0], m[1]) for m in ms] == [("__name__", "="), ("job", "="), ("code", "=~"), ("path", "!~")]
+    assert _matches(ms[2], "503") and not _matches(ms[2], "5030")  # anchored, as PromQL
+    assert not _matches(ms[3], "/healthz") and _matches(ms[3], "/api")
+    assert parse_selector('{a="x\\"y"}') == [("a", "=", 'x"y')]
+    for bad in ("", "sum(x)", "{a}", '{a="b" c="d"}', "{a=b}", 'x{a=~"(?<=y)"}', "x y"):
+        with pytest.raises(ValueError):
+            parse_selector(bad)
 
 
 async def test_kcms_standalone_serves_remote_write_with_the_push_rules(

@@ -10,8 +10,9 @@ about one Kubernetes object, served by ``custom.metrics.k8s.io`` (or an external
 * the metric is the ``__name__`` label;
 * the object comes from the series' labels by prometheus-adapter's label association
   (``resources.overrides`` / ``template``, :mod:`kcms.apis.remote_write_binding`, cached per label
-  set): a :class:`ResourceMapper` -- the one of the adapter
-  config's first rule when ``--config`` is given, else :class:`DefaultResources` (the ``namespace``
+  set): with ``--config``, the ``resources`` of the first ``rules`` entry whose ``seriesQuery``
+  (and ``seriesFilters``) select the series -- none: refused, ``no_rule`` --, else
+  :class:`DefaultResources` (the ``namespace``
   label holds the namespace, a label named after a resource's kind in lower case -- ``pod``,
   ``node``, ``deployment``, ``statefulset``, ``service`` ... -- names an object of it; ``job`` is
   left alone: it is Prometheus's scrape job, not a ``jobs.batch``);
@@ -119,7 +120,7 @@ SAMPLES = Counter(
 REJECTED = Counter(
     "kcms_remote_write_rejected",
     "Remote-write samples refused, by reason (invalid_metric_name, metric_name_too_long, invalid_label_name, "
-    "label_name_too_long, label_value_too_long, too_many_labels, malformed_labels, invalid_object, no_object, "
+    "label_name_too_long, label_value_too_long, too_many_labels, malformed_labels, invalid_object, no_object, no_rule, "
     "forbidden, authorization_error, too_many_targets, too_many_samples, non_finite_value, future_timestamp, "
     "too_old, out_of_order, native_histogram, series_limit_writer, series_limit_metric, series_limit_total, "
     "store_refused).",

@@ -3,13 +3,18 @@
 :class:`SeriesBinder` turns a series' label key (its serialized labels, as
 :mod:`kcms.sources.remote_write` decodes them) into a :class:`Binding` -- metric, object, remaining
 labels, authorization target, quota key -- or a refusal ``(reason, message)``, with
-prometheus-adapter's label association: a :class:`ResourceMapper` (``kcms.apis.prometheus``'s, from
-``--config``: :func:`config_mapper`) or :class:`DefaultResources`. Answers are cached per label key.
+prometheus-adapter's label association: with ``--config`` (:func:`config_mapper`), the
+``kcms.apis.prometheus`` ``ResourceMapper`` of the first rule whose ``seriesQuery`` selects the
+series (:class:`RuleResources`, :func:`parse_selector`), else :class:`DefaultResources`. Answers are
+cached per label key.
 """
 
 from __future__ import annotations
 
+import codecs
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -22,14 +27,18 @@ from kcms.sources.remote_write import LabelKey, RawSeries, parse_labels
 from .objects import WELL_KNOWN
 from .pushauth import Target
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "Binding",
     "DefaultResources",
     "Refusal",
     "ResourceMapper",
+    "RuleResources",
     "SeriesBinder",
     "config_mapper",
     "default_namespaced",
+    "parse_selector",
 ]
 
 # Refusal reasons of a series' labels (stable: Prometheus label values).
@@ -38,6 +47,7 @@ INVALID_LABEL_NAME = "invalid_label_name"
 MALFORMED_LABELS = "malformed_labels"
 INVALID_OBJECT = "invalid_object"
 NO_OBJECT = "no_object"
+NO_RULE = "no_rule"
 
 
 class GroupResourceLike(Protocol):
@@ -122,13 +132,13 @@ class SeriesBinder:
 
     def __init__(
         self,
-        mapper: ResourceMapper | None = None,
+        mapper: ResourceMapper | RuleResources | None = None,
         *,
         namespaced: Callable[[str], bool] = default_namespaced,
         max_labels: int = limits.MAX_LABELS,
         max_cached: int = 100_000,
     ) -> None:
-        self.mapper: ResourceMapper = mapper or DefaultResources()
+        self.mapper: ResourceMapper | RuleResources = mapper or DefaultResources()
         self.namespaced = namespaced
         self.max_labels = max_labels
         self.max_cached = max(16, max_cached)
@@ -180,6 +190,13 @@ class SeriesBinder:
         if not limits.METRIC_NAME_RE.fullmatch(metric):
             return INVALID_METRIC_NAME, f"metric name {limits.printable(metric, 80)} is missing or invalid"
         mapper = self.mapper
+        if isinstance(mapper, RuleResources):
+            mapper = mapper.select(metric, labels)  # type: ignore[assignment]
+            if mapper is None:
+                return (
+                    NO_RULE,
+                    f"no rule of --config selects metric {limits.printable(metric, 80)} (seriesQuery)",
+                )
         ns_label = mapper.namespace_label
         namespace = labels.get(ns_label, "") if ns_label else ""
         grs = [
@@ -229,16 +246,112 @@ def _pick(grs: Sequence[Any], namespaced: Callable[[str], bool]) -> Any:
     return grs[0]
 
 
-def config_mapper(config: Any) -> ResourceMapper:
+class RuleResources:
+    """``--config``: the label association of the first ``rules`` entry whose ``seriesQuery`` selects
+    the series and whose ``seriesFilters`` / ``name.matches`` accept its name -- the rule that would
+    have discovered it in Prometheus. A series no rule selects is refused (``no_rule``), as
+    prometheus-adapter would not serve it. A ``seriesQuery`` that is not a plain series selector
+    (``name{label op "value", ...}``) selects nothing here (logged once at start-up)."""
+
+    def __init__(self, config: Any) -> None:
+        from .prometheus.naming import MetricNamer
+
+        self.rules: list[tuple[list[Matcher], Any]] = []
+        for rule in config.rules:
+            namer = MetricNamer.from_rule(rule, external=False)
+            try:
+                matchers = parse_selector(rule.series_query)
+            except ValueError as e:
+                log.warning(
+                    "remote write: %s.seriesQuery %s: %s; the rule binds no remote-written series",
+                    rule.path,
+                    limits.printable(rule.series_query, 120),
+                    e,
+                )
+                continue
+            self.rules.append((matchers, namer))
+
+    def select(self, metric: str, labels: Mapping[str, str]) -> ResourceMapper | None:
+        """The ``resources`` of the first rule selecting the series (``labels`` without ``__name__``)."""
+        for matchers, namer in self.rules:
+            if all(_matches(m, metric if m[0] == "__name__" else labels.get(m[0], "")) for m in matchers):
+                if namer.accepts(metric):
+                    return namer.resources
+        return None
+
+
+Matcher = tuple[str, str, Any]  # (label, op, value or compiled regexp)
+
+_SELECTOR_TOKEN = re.compile(
+    r"""\s*(?:(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)|(?P<op>=~|!~|!=|=)|(?P<punct>[{},])"""
+    r"""|(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`))"""
+)
+
+
+def parse_selector(text: str) -> list[Matcher]:
+    """The matchers of a PromQL series selector (``name``, ``{...}`` or ``name{...}``); ValueError
+    for anything else. Regexps are Go RE2, fully anchored as in PromQL."""
+    from .prometheus.matchers import compile_go_regexp
+
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _SELECTOR_TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"unexpected {text[pos : pos + 20]!r}")
+        kind = m.lastgroup or ""
+        tokens.append((kind, m.group(kind)))
+        pos = m.end()
+    out: list[Matcher] = []
+    i = 0
+    if tokens and tokens[0][0] == "name":
+        out.append(("__name__", "=", tokens[0][1]))
+        i = 1
+    if i < len(tokens):
+        if tokens[i] != ("punct", "{") or tokens[-1] != ("punct", "}"):
+            raise ValueError("not a series selector")
+        i += 1
+        while i < len(tokens) - 1:
+            try:
+                (k1, label), (k2, op), (k3, raw) = tokens[i : i + 3]
+            except ValueError:
+                raise ValueError("a label matcher is incomplete") from None
+            if k1 != "name" or k2 != "op" or k3 != "str":
+                raise ValueError(f"not a label matcher at {label!r}")
+            value = raw[1:-1] if raw[0] == "`" else codecs.decode(raw[1:-1], "unicode_escape")
+            if op in ("=~", "!~"):
+                try:
+                    out.append((label, op, compile_go_regexp(value)))
+                except ValueError as e:
+                    raise ValueError(f"{label}{op}: {e}") from None
+            else:
+                out.append((label, op, value))
+            i += 3
+            if i < len(tokens) - 1:
+                if tokens[i] != ("punct", ","):
+                    raise ValueError("label matchers must be separated by commas")
+                i += 1
+    if not out:
+        raise ValueError("an empty selector")
+    return out
+
+
+def _matches(m: Matcher, value: str) -> bool:
+    _, op, want = m
+    if op == "=":
+        return value == want
+    if op == "!=":
+        return value != want
+    hit = want.fullmatch(value) is not None
+    return hit if op == "=~" else not hit
+
+
+def config_mapper(config: Any) -> RuleResources:
     """The label association of a prometheus-adapter config (an ``AdapterConfig``, or the path of its
-    file): its first custom rule's ``resources`` (``kcms.apis.prometheus``; ``ConfigError`` naming
-    the rule and field)."""
+    file): per series, its rules' (:class:`RuleResources`; ``ConfigError`` naming the rule and field)."""
     from .prometheus.config import read_adapter_config
-    from .prometheus.naming import MetricNamer
-    from .prometheus.rules import ConfigError
 
     if isinstance(config, str):
         config = read_adapter_config(config)
-    if not config.rules:
-        raise ConfigError("rules: remote write binds series with the first rule's resources; there is none")
-    return MetricNamer.from_rule(config.rules[0], external=False).resources
+    return RuleResources(config)
