@@ -315,6 +315,11 @@ def test_top_nodes_values_sparkline_and_history_in_json(demo):
         assert set(spark.strip()) <= BLOCKS and spark[-1] in BLOCKS
         # one filled slot per point of the window (give or take the one a scrape adds meanwhile)
         assert abs(sum(c in BLOCKS for c in spark) - min(points[name], 20)) <= 1, (spark, points[name])
+    short = kcms_top("nodes", "--since", "2m", "--sparkline", "cpu", "--kubeconfig", demo)
+    assert cells(short.stdout)[0][-1] == "CPU-HISTORY(2m)"
+    column = short.stdout.index("CPU-HISTORY(2m)")
+    for line in short.stdout.rstrip("\n").split("\n")[1:]:  # 2m of 15 s slots: 8 characters
+        assert line[column + 7] in BLOCKS and line[column + 8 :].strip() == "", line
     doc = json.loads(kcms_top("nodes", "-o", "json", "--kubeconfig", demo).stdout)
     kinds = [i["kind"] for i in doc["items"]]
     assert doc["kind"] == "List" and kinds == ["NodeMetrics"] * 3 + ["NodeMetricsHistory"] * 3
@@ -473,6 +478,15 @@ def test_imports_no_server_machinery():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
     assert shutil.which("kcms", path=str(SCRIPTS))
+    # `kcms top` goes through kcms.cli, which builds no server parser for it and imports no server module
+    code = (
+        "import sys; from kcms.cli import main; rc = main(['top', 'pods', '--kubeconfig', '/nonexistent']); "
+        "print(rc, sorted(m for m in sys.modules if m.startswith('kcms.') and m.split('.')[1] in "
+        "('apiserver', 'apis', 'store', 'collector', 'standalone', 'server', 'sim', 'agent', 'dashboard', 'cli_ha')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1 []", out.stdout + out.stderr
+    assert out.stderr == "error: --kubeconfig /nonexistent: no such file\n"
 
 
 # ---- nodes with allocatable: KCMS behind an aggregator, as in a cluster ----------------------------------

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import ssl
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,12 @@ class Hostile:
     def __init__(self, ca: trustme.CA, tmp: Path) -> None:
         self.routes: dict[str, Callable[[], Any]] = {}  # path -> a fresh answer (or a coroutine) per request
         self.requests: list[str] = []
+        self.tokens: list[str] = []  # the Authorization header of each request
         self.ca, self.tmp = ca, tmp
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(request.path)
+        self.tokens.append(request.headers.get("Authorization", ""))
         route = self.routes.get(request.path)
         if route is None:
             return status(404, "NotFound", "the server could not find the requested resource")
@@ -87,14 +90,16 @@ class Hostile:
         await self.runner.cleanup()
 
 
-def write_kubeconfig(path: Path, server: str, ca: trustme.CA) -> str:
+def write_kubeconfig(
+    path: Path, server: str, ca: trustme.CA, user: dict | None = None, namespace: str = "default"
+) -> str:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "c", "cluster": {"server": server,
                       "certificate-authority-data": base64.b64encode(ca.cert_pem.bytes()).decode()}}],
-        "users": [{"name": "u", "user": {"token": "some-token"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
+        "users": [{"name": "u", "user": user or {"token": "some-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": namespace}}],
         "current-context": "c",
     }  # fmt: skip
     path.write_text(json.dumps(doc))
@@ -265,3 +270,35 @@ async def test_history_and_node_list_refusals_only_drop_the_decoration(hostile):
         "warning: CPU(%) and MEMORY(%) are <unknown>: cannot read /api/v1/nodes: "
         "Error from server (Forbidden): nodes is forbidden\n"
     )
+
+
+async def test_exec_credential_plugin_and_context_namespace(hostile, tmp_path):
+    """A kubeconfig whose user runs an exec credential plugin (the kubernetes_asyncio path, as EKS/GKE
+    kubeconfigs do): its token is sent; the context's namespace is the default namespace."""
+
+    def pods():
+        return web.json_response(
+            {"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1", "items": [POD]}
+        )
+
+    hostile.routes["/apis"] = lambda: web.json_response(
+        {"kind": "APIGroupList", "groups": GROUPS["groups"][:1]}
+    )
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/team-x/pods"] = pods
+    credential = {"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+                  "status": {"token": "exec-token"}}  # fmt: skip
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": sys.executable,
+            "args": ["-c", f"print({json.dumps(json.dumps(credential))})"],
+        }
+    }
+    kubeconfig = write_kubeconfig(
+        tmp_path / "exec", f"https://127.0.0.1:{hostile.port}", hostile.ca, user, "team-x"
+    )
+    rc, out, err = await run_plugin("top", "pods", "--kubeconfig", kubeconfig)
+    assert rc == 0, err
+    assert out.split("\n")[1].split() == ["web-1", "2m", "3Mi"]
+    assert "/apis/metrics.k8s.io/v1beta1/namespaces/team-x/pods" in hostile.requests
+    assert hostile.tokens[-1] == "Bearer exec-token"

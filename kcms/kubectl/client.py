@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kcms.kube.kubeconfig import KubeConfigError, NeedsLibrary, load_kubeconfig
+from kcms.kube.kubeconfig import MAX_KUBECONFIG_BYTES, KubeConfigError, NeedsLibrary, load_kubeconfig
 
 MAX_BODY = 256 << 20  # bytes of one answer: a 5000-node x 30-pod PodMetricsList is ~50 MiB
 MESSAGE_LIMIT = 300  # characters of server-supplied text in an error line
@@ -302,10 +302,41 @@ async def _connect_library(path: str, context: str | None, request_timeout: floa
         ssl_context=ctx,
         server_hostname=None,
         token=token,
-        namespace=kube.namespace,
+        namespace=kube.namespace or _context_namespace(path, context),
         timeout=request_timeout,
         source=path,
     )
+
+
+def _context_namespace(path: str, context: str | None) -> str | None:
+    """The context's namespace in the kubeconfig file(s) the library loaded (its loader does not say):
+    as kubectl merges them, the first file setting current-context and the first context of that name
+    win. None when it cannot be read (the library already accepted the files, so this is rare)."""
+    import yaml
+
+    docs = []
+    for name in path.split(os.pathsep):
+        try:
+            with open(name, "rb") as f:
+                doc = yaml.safe_load(f.read(MAX_KUBECONFIG_BYTES))
+        except (OSError, yaml.YAMLError, RecursionError):
+            return None
+        if isinstance(doc, dict):
+            docs.append(doc)
+    if context is None:
+        context = next(
+            (d["current-context"] for d in docs if isinstance(d.get("current-context"), str)), None
+        )
+    for doc in docs:
+        for entry in doc.get("contexts") or []:
+            if (
+                isinstance(entry, dict)
+                and entry.get("name") == context
+                and isinstance(entry.get("context"), dict)
+            ):
+                namespace = entry["context"].get("namespace")
+                return namespace if isinstance(namespace, str) and namespace else None
+    return None
 
 
 def _ssl_context(
