@@ -459,3 +459,32 @@ async def test_connection_flags_reach_the_backend(ca, fake_kube, tmp_path, hosti
     finally:
         await stop_env(e)
         await sim.stop()
+
+
+async def test_a_slow_first_relist_does_not_hold_start_up(hostile, caplog):
+    """Six rules, four relisted at a time, each answer slower than the 2.5 s timeout: the first
+    round needs two timeouts (5 s) and start() waits at most one timeout and a second. The server
+    starts without Prometheus's metrics, which appear once the backend answers."""
+    from _bridge_helpers import ADAPTER_CONFIG
+
+    from kcms.apis.prometheus.config import load_adapter_config
+    from kcms.apis.prometheus.provider import PrometheusProvider
+    from kcms.sources.prometheus_api import PrometheusClient
+
+    hostile.mode, hostile.delay = "slow", 4.0
+    client = PrometheusClient(hostile.url, timeout=2.5)
+    provider = PrometheusProvider(client, load_adapter_config(ADAPTER_CONFIG), relist_interval=1.0)
+    try:
+        await provider.start()
+        assert "still running" in caplog.text
+        assert list(provider.list_external_metrics()) == []
+        hostile.mode = "ok"
+        for _ in range(100):
+            if "queue_depth" in provider.list_external_metrics():
+                break
+            await asyncio.sleep(0.1)
+        assert "queue_depth" in provider.list_external_metrics()
+    finally:
+        await provider.stop()
+        await client.close()
+    assert "Traceback" not in caplog.text

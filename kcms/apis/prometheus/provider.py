@@ -167,21 +167,32 @@ class PrometheusProvider:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Relist once (bounded by the client's timeout), then keep relisting in the background."""
-        await self.relist()
-        self._task = asyncio.create_task(self._relist_forever(), name="kcms-prometheus-relist")
+        """Start the background relist and wait for its first round, at most about one query
+        timeout (a slow Prometheus with many rules must not hold start-up: discovery fills in
+        when the round ends)."""
+        first = asyncio.Event()
+        self._task = asyncio.create_task(self._relist_forever(first), name="kcms-prometheus-relist")
+        try:
+            await asyncio.wait_for(first.wait(), self.client.timeout + 1.0)
+        except TimeoutError:
+            log.warning(
+                "the first Prometheus relist is still running; serving without its metrics until it ends"
+            )
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
 
-    async def _relist_forever(self) -> None:
+    async def _relist_forever(self, first: asyncio.Event | None = None) -> None:
         while True:
-            await asyncio.sleep(self.relist_interval)
             try:
                 await self.relist()
             except Exception:  # never let the relist loop die; the last good list stays
                 log.exception("relisting Prometheus series failed")
+            if first is not None:
+                first.set()
+                first = None
+            await asyncio.sleep(self.relist_interval)
 
     # ---- discovery ------------------------------------------------------------------------------
     async def relist(self) -> bool:
