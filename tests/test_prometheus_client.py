@@ -672,3 +672,17 @@ def test_missing_prometheus_binary_says_how_to_install(tmp_path) -> None:
     with pytest.raises(PrometheusNotInstalled, match=r"sh tests/system-deps\.sh"):
         prometheus_binary(search_path=str(tmp_path))
     assert os.access(prometheus_binary(), os.X_OK)
+
+
+async def test_queries_uncompressed_series_lists_gzip(fake: FakeBackend) -> None:
+    async with PrometheusClient(fake.url) as client:
+        await client.query("up")
+        await client.series(["up"])
+    query, series = fake.requests
+    assert query["headers"]["Accept-Encoding"] == "identity"
+    assert "gzip" in series["headers"]["Accept-Encoding"]
+    fake.requests.clear()
+    async with PrometheusClient(fake.url, headers={"Accept-Encoding": "gzip"}) as client:  # the user's wins
+        await client.query("up")
+        await client.series(["up"])
+    assert [r["headers"]["Accept-Encoding"] for r in fake.requests] == ["gzip", "gzip"]

@@ -20,6 +20,8 @@ auth), re-read when the file changes (:class:`kcms.tokenfile.TokenFile`:
 a rotated projected token is picked up by the next request, a half-rotated file keeps the last
 good token); extra headers; ``GET`` or ``POST`` (the parameters form-encoded in the body, as
 prometheus-adapter's ``--prometheus-verb=POST``: long selectors do not hit URL length limits).
+Queries are sent with ``Accept-Encoding: identity`` (small answers on the request path), series
+lists with gzip (large, in the background); environment proxies (``HTTP(S)_PROXY``) are not used.
 Redirects are not followed (a ``3xx`` is an error naming where it pointed): a redirect would carry
 the token to wherever it points.
 
@@ -212,6 +214,11 @@ class PrometheusClient:
         self.max_response_bytes = int(max_response_bytes)
         self._headers = {"Accept": "application/json", "User-Agent": "kcms"}
         self._headers.update(_checked_headers(headers))
+        # Queries (small answers, on the request path) ask for no compression: on a fast network
+        # gzip costs both ends more than it saves (loopback, 100-row answer: p50 1.18 -> 1.00 ms,
+        # one row: 0.41 -> 0.21 ms). Series lists (megabytes, in the background) stay gzip (aiohttp's
+        # default Accept-Encoding). An Accept-Encoding in ``headers`` is used for both.
+        self._plain_headers = {"Accept-Encoding": "identity", **self._headers}
         self._token = TokenFile(token_file) if token_file else None
         tls_wanted = self._series_url.scheme == "https" or ca_file or cert_file or insecure_skip_tls_verify
         self._ssl: ssl.SSLContext | None = (
@@ -234,7 +241,7 @@ class PrometheusClient:
             params.append(("start", _fmt_time(start)))
         if end is not None:
             params.append(("end", _fmt_time(end)))
-        data = await self._call(self._series_url, params)
+        data = await self._call(self._series_url, params, compressed=True)
         if not isinstance(data, list):
             raise _bad("series: data is not a list")
         # a plain loop: ~6 ms for 10 000 series of six labels (all() over generators: ~11 ms)
@@ -251,7 +258,7 @@ class PrometheusClient:
         params = [("query", promql)]
         if at is not None:
             params.append(("time", _fmt_time(at)))
-        data = await self._call(self._query_url, params)
+        data = await self._call(self._query_url, params, compressed=False)
         if not isinstance(data, dict):
             raise _bad("query: data is not an object")
         kind, result = data.get("resultType"), data.get("result")
@@ -286,14 +293,15 @@ class PrometheusClient:
 
     # -- one exchange -------------------------------------------------------------------------
 
-    def _request_headers(self) -> dict[str, str]:
+    def _request_headers(self, compressed: bool) -> dict[str, str]:
+        headers = self._headers if compressed else self._plain_headers
         if self._token is None:
-            return self._headers
+            return headers
         token = self._token.read()  # a stat() per call: a rotated file is seen by the next request
         if not token:
             problem = self._token.problem or "no token loaded"
             raise PrometheusError(UNAVAILABLE, f"the Prometheus token file has no usable token: {problem}")
-        return {**self._headers, "Authorization": f"Bearer {token}"}
+        return {**headers, "Authorization": f"Bearer {token}"}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -307,8 +315,8 @@ class PrometheusClient:
             )
         return self._session
 
-    async def _call(self, url: URL, params: list[tuple[str, str]]) -> Any:
-        headers = self._request_headers()
+    async def _call(self, url: URL, params: list[tuple[str, str]], *, compressed: bool) -> Any:
+        headers = self._request_headers(compressed)
         session = self._client()
         kwargs: dict[str, Any] = {"headers": headers, "allow_redirects": False}
         if self._basic is not None and "Authorization" not in headers:
