@@ -415,6 +415,15 @@ def test_metrics_and_get_show_what_the_custom_and_external_apis_serve(demo):
     assert [r[:3] for r in cells(got.stdout)[1:]] == [
         ["queue_backlog", "queue=emails", body["items"][0]["value"]]
     ]
+    # Stored series have history (the newest slot filled); derived ones (<m>_per_second) have none.
+    table = cells(got.stdout)
+    assert table[0][-1] == "HISTORY(5m)" and table[1][-1][-1] in BLOCKS
+    series = raw(
+        demo, "/apis/history.kcms.io/v1alpha1/namespaces/team-b/series?metric=queue_backlog&resource=external"
+    )
+    labels = {tuple(sorted(i["metric"]["selector"]["matchLabels"].items())) for i in series["items"]}
+    assert (("queue", "emails"),) in labels
+    assert "HISTORY" not in cells(run("get", "http_requests_per_second", "--pods", "-n", "team-b").stdout)[0]
     dep = next(r["name"] for r in custom if r["name"].startswith("deployments.apps/"))
     metric = dep.split("/")[1]
     app = raw(demo, "/apis/metrics.k8s.io/v1beta1/namespaces/team-b/pods")["items"][0]["metadata"]["labels"][

@@ -9,7 +9,9 @@
 ``-l`` selects objects (custom) or the metric's labels (external); ``--metric-selector`` the metric's
 labels of a custom metric (v1beta2's metricLabelSelector). RESOURCE may be written as discovery lists it
 (deployments.apps), or by its plural or singular name (deployments, deployment). With KCMS's history
-API, a sparkline of the value's last minutes (MetricSeriesHistory) ends each row.
+API, a sparkline of the value's last minutes (MetricSeriesHistory; an object's series with several
+label sets are summed) ends each row; derived metrics (``<m>_per_second``, ``<m>_agg_<fn>_<w>``) are
+not kept as series, so they have no such column.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ async def get_metric(api: API, args: Any) -> int:
             )
         path = f"/apis/{EXTERNAL}/{EXTERNAL_VERSION}/namespaces/{namespace}/{args.metric}"
         params = {"labelSelector": args.selector}
-        series_path, series_params = f"{HISTORY}/namespaces/{namespace}/series", {"metric": args.metric}
+        series_path = f"{HISTORY}/namespaces/{namespace}/series"
+        series_params = {"metric": args.metric, "resource": "external", "labelSelector": args.selector}
     else:
         version = await custom_version(api)
         if version is None:
@@ -76,7 +79,7 @@ async def get_metric(api: API, args: Any) -> int:
             path = f"{base}/{resource}/{name}/{args.metric}"
         params = {"labelSelector": args.selector, "metricLabelSelector": args.metric_selector}
         series_path = f"{HISTORY}/namespaces/{namespace}/series" if namespaced else f"{HISTORY}/series"
-        series_params = {"metric": args.metric, "resource": resource}
+        series_params = {"metric": args.metric, "resource": resource, "labelSelector": args.metric_selector}
     body = await api.get(path, params)
     items = body.get("items") if isinstance(body, dict) else None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
@@ -112,15 +115,19 @@ async def get_metric(api: API, args: Any) -> int:
         else ["OBJECT", "VALUE", "WINDOW", "TIMESTAMP"]
     )
     table = []
-    if history is not None:
+    series: dict[tuple, dict[float, float]] = {}
+    for h in history or []:  # an object with several series (metric labels): their sum per time
+        total = series.setdefault(_series_key(h, args.external), {})
+        for t, v in _series_points(h):
+            total[t] = total.get(t, 0.0) + v
+    keys = [_item_key(i, args.external) for i in items]
+    found = [sorted(series[k].items()) for k in keys if series.get(k)]
+    if found:  # derived metrics (<m>_per_second, <m>_agg_...) are not kept: no column for them
         header.append(f"HISTORY({SINCE})")
-        series = {_series_key(h, args.external): _series_points(h) for h in history}
-        found = [s for s in series.values() if s]
-        newest = max((t for s in found for t, _ in s), default=None)
-        axis = Axis(newest, SINCE_SECONDS, resolution(found)) if newest is not None else None
-        for item, row in zip(items, rows, strict=True):
-            points = series.get(_item_key(item, args.external))
-            row.append(axis.render(points) if axis is not None and points else "-")
+        axis = Axis(max(t for s in found for t, _ in s), SINCE_SECONDS, resolution(found))
+        for key, row in zip(keys, rows, strict=True):
+            points = sorted(series.get(key, {}).items())
+            row.append(axis.render(points) if points else "-")
     if not args.no_headers:
         table.append(header)
     sys.stdout.write(output.table(table + rows))
