@@ -265,12 +265,7 @@ class PrometheusClient:
         if kind == "vector":
             if not isinstance(result, list):
                 raise _bad("query: a vector result is not a list")
-            out: list[Sample] = []
-            for item in result:
-                sample = _vector_sample(item)
-                if sample is not None:
-                    out.append(sample)
-            return out
+            return _vector(result)
         if kind == "scalar":
             ts, value = _pair(result)
             return [Sample({}, value, ts)]
@@ -455,6 +450,32 @@ def _pair(value: Any) -> tuple[float, float]:
     else:
         raise _bad("query: a sample value is not a number")
     return float(ts), v
+
+
+def _vector(result: list[Any]) -> list[Sample]:
+    """The samples of a vector result. The common row (``{"metric": {...}, "value": [t, "v"]}``,
+    strings, a number) is checked inline, about half the time of :func:`_vector_sample`, which
+    takes every other row (defaults, histograms, errors)."""
+    out: list[Sample] = []
+    for item in result:
+        try:
+            labels = item["metric"]
+            ts, raw = item["value"]
+        except (KeyError, TypeError, ValueError):
+            labels = ts = raw = None
+        if type(labels) is dict and type(raw) is str and type(ts) in _NUMBER:
+            for v in labels.values():
+                if type(v) is not str:
+                    raise _bad("query: a vector entry's metric is not a map of strings")
+            try:
+                out.append(Sample(labels, float(raw), float(ts)))
+                continue
+            except ValueError:
+                pass  # the careful path names the bad value
+        sample = _vector_sample(item)
+        if sample is not None:
+            out.append(sample)
+    return out
 
 
 def _vector_sample(item: Any) -> Sample | None:
