@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import trustme
 from _http_helpers import serve_app
+from _kubectl import KUBECTL
 from aiohttp import web
 from test_kubectl_plugin import SCRIPTS, plugin_env
 
@@ -302,3 +303,34 @@ async def test_exec_credential_plugin_and_context_namespace(hostile, tmp_path):
     assert out.split("\n")[1].split() == ["web-1", "2m", "3Mi"]
     assert "/apis/metrics.k8s.io/v1beta1/namespaces/team-x/pods" in hostile.requests
     assert hostile.tokens[-1] == "Bearer exec-token"
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not installed")
+async def test_ties_keep_the_api_order_as_kubectl_top(hostile):
+    """With --sort-by, equal values stay in the order the API listed them, as in `kubectl top`."""
+
+    def pod(name: str, cpu: str, memory: str) -> dict:
+        containers = [{"name": c, "usage": {"cpu": cpu, "memory": memory}} for c in ("z-side", "a-main")]
+        return {**POD, "metadata": {"name": name, "namespace": "default"}, "containers": containers}
+
+    items = [
+        pod("c-pod", "2m", "8Mi"),
+        pod("a-pod", "2m", "8Mi"),
+        pod("b-pod", "5m", "1Mi"),
+        pod("d-pod", "1m", "8Mi"),
+    ]
+    hostile.routes["/apis"] = lambda: web.json_response(
+        {"kind": "APIGroupList", "groups": GROUPS["groups"][:1]}
+    )
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"] = lambda: web.json_response(
+        {"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1", "metadata": {}, "items": items}
+    )
+    for flags in ([], ["--sort-by", "cpu"], ["--sort-by", "memory"], ["--sort-by", "cpu", "--containers"]):
+        theirs = await asyncio.create_subprocess_exec(
+            KUBECTL, "top", "pods", *flags, "--kubeconfig", hostile.kubeconfig,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        expected, problem = await theirs.communicate()
+        assert theirs.returncode == 0, problem
+        rc, out, err = await run_plugin("top", "pods", *flags, "--kubeconfig", hostile.kubeconfig)
+        assert (rc, out, err) == (0, expected.decode(), ""), flags

@@ -141,9 +141,12 @@ def history_params(opts: Any) -> dict[str, str]:
 
 
 def _sort(rows: list[Row], sort_by: str | None) -> None:
-    """kubectl's order: by name (namespace first with -A) unless --sort-by; biggest first, ties by name."""
-    rows.sort(key=lambda r: r.key)
-    if sort_by == "cpu":
+    """kubectl's order: by name (namespace first with -A); with --sort-by biggest first, ties in the
+    API's order (``rows`` come in it), as kubectl's sort leaves them for up to 12 rows (Go's sort.Sort
+    is an insertion sort there; beyond, kubectl's order of ties is unspecified)."""
+    if not sort_by:
+        rows.sort(key=lambda r: r.key)
+    elif sort_by == "cpu":
         rows.sort(key=lambda r: -output.milli(r.cpu))
     elif sort_by == "memory":
         rows.sort(key=lambda r: -r.memory)
