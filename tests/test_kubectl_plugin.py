@@ -607,3 +607,18 @@ def test_sparkline_slots_scale_and_gaps():
     assert Axis(t0, 3600, 15).width == 40
     assert parse_time("2026-11-23T17:11:32.123456789Z") == parse_time("2026-11-23T17:11:32.123456Z")
     assert parse_time("yesterday") is None and parse_time(12) is None
+
+
+def test_a_reader_that_goes_away_is_no_error(demo):
+    """`kubectl kcms top pods -A -o json --watch | head -c 10`: the watch writes until the pipe is
+    full and gone, then ends with exit code 0 and nothing on stderr."""
+    proc = subprocess.Popen(
+        [str(SCRIPTS / "kubectl-kcms"), "top", "pods", "-A", "-o", "json", "--watch", "--interval", "0.1s",
+         "--kubeconfig", demo],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=plugin_env(), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b'{\n  "apiVe'
+    proc.stdout.close()
+    assert proc.wait(60) == 0
+    assert proc.stderr.read() == b""

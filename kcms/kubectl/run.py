@@ -36,7 +36,11 @@ def _guard(fn: Any) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `kubectl kcms top pods | head`
+    except BrokenPipeError:  # `kubectl kcms top pods | head`: the reader is gone, not an error
+        import os
+
+        # stdout's buffer would fail again when the interpreter flushes it at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
