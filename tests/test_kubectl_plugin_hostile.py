@@ -334,3 +334,32 @@ async def test_ties_keep_the_api_order_as_kubectl_top(hostile):
         assert theirs.returncode == 0, problem
         rc, out, err = await run_plugin("top", "pods", *flags, "--kubeconfig", hostile.kubeconfig)
         assert (rc, out, err) == (0, expected.decode(), ""), flags
+
+
+async def test_many_rows_leave_out_the_history_unless_asked(hostile):
+    """Over 1000 rows, --sparkline auto drops the history read (its answer would be huge); asked for
+    with --sparkline cpu, it is read and shown."""
+    items = [{**POD, "metadata": {"name": f"p{i:04d}", "namespace": "default"}} for i in range(1001)]
+    history_items = [
+        {"metadata": {"name": p["metadata"]["name"], "namespace": "default"},
+         "containers": [{"name": "web", "points": [{"timestamp": "2026-01-01T00:00:00Z", "usage": {"cpu": "1m"}}]}]}
+        for p in items
+    ]  # fmt: skip
+    hostile.routes["/apis"] = lambda: web.json_response(GROUPS)
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"] = lambda: web.json_response(
+        {"kind": "PodMetricsList", "items": items}
+    )
+    hostile.routes["/apis/history.kcms.io/v1alpha1/namespaces/default/pods"] = lambda: web.json_response(
+        {"kind": "PodMetricsHistoryList", "items": history_items}
+    )
+    rc, out, err = await run_plugin("top", "pods", "--kubeconfig", hostile.kubeconfig)
+    assert rc == 0 and out.count("\n") == 1002 and "HISTORY" not in out
+    assert err == (
+        "warning: no history column for 1001 rows (over 1000): narrow with -n or -l, "
+        "or ask for it with --sparkline cpu|memory\n"
+    )
+    rc, out, err = await run_plugin("top", "pods", "--sparkline", "cpu", "--kubeconfig", hostile.kubeconfig)
+    assert rc == 0 and err == ""
+    lines = out.rstrip("\n").split("\n")
+    assert lines[0].split()[-1] == "CPU-HISTORY(5m)" and len(lines) == 1002
+    assert all(line.rstrip().endswith("█") for line in lines[1:])

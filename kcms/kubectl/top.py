@@ -15,6 +15,7 @@ metrics-server) or unreadable leaves the sparkline column out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from kcms.kubectl.sparkline import Axis, parse_time, resolution
 METRICS = "/apis/metrics.k8s.io/v1beta1"
 HISTORY_GROUP, HISTORY_VERSION = "history.kcms.io", "v1alpha1"
 HISTORY = f"/apis/{HISTORY_GROUP}/{HISTORY_VERSION}"
+
+MAX_AUTO_HISTORY_ROWS = 1000  # rows beyond which --sparkline auto leaves the history column out
 
 Series = list[tuple[float, float]]
 
@@ -190,6 +193,35 @@ async def _history(api: API, path: str, params: dict[str, str], warnings: list[s
     return None
 
 
+async def _metrics_and_history(
+    metrics: Awaitable[Any], history: Awaitable[list[dict] | None] | None, opts: Any, res: Result
+) -> tuple[Any, list[dict] | None]:
+    """The metrics list and, read at the same time, the history; the history read is dropped when the
+    table has over MAX_AUTO_HISTORY_ROWS rows and the column was not asked for (--sparkline auto): the
+    history of 30 000 pods is some 100 MB of JSON, too much to fetch for a decoration."""
+    task = asyncio.ensure_future(history) if history is not None else None
+    try:
+        body = await metrics
+    except BaseException:
+        if task is not None:
+            task.cancel()
+        raise
+    if task is None:
+        return body, None
+    items = body.get("items") if isinstance(body, dict) else None
+    rows = len(items) if isinstance(items, list) else 1
+    if opts.sparkline == "auto" and rows > MAX_AUTO_HISTORY_ROWS:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        res.warnings.append(
+            f"warning: no history column for {rows} rows (over {MAX_AUTO_HISTORY_ROWS}): narrow with "
+            "-n or -l, or ask for it with --sparkline cpu|memory"
+        )
+        return body, None
+    return body, await task
+
+
 async def top_nodes(api: API, opts: Any) -> Result:
     check_label_selector(opts.selector)
     if opts.name and opts.selector:
@@ -201,15 +233,23 @@ async def top_nodes(api: API, opts: Any) -> Result:
     params = {"labelSelector": opts.selector}
     suffix = f"/nodes/{opts.name}" if opts.name else "/nodes"
     node_path = f"/api/v1{suffix}"
-    metrics_task = api.get(METRICS + suffix, params)
     node_problems: list[str] = []
-    nodes_task = _optional(api.get(node_path, params), node_problems, f"cannot read {node_path}")
-    hist_task = (
-        _history(api, HISTORY + suffix, {**params, **history_params(opts)}, res.warnings)
-        if with_history
-        else asyncio.sleep(0, None)
+    nodes_task = asyncio.ensure_future(
+        _optional(api.get(node_path, params), node_problems, f"cannot read {node_path}")
     )
-    body, nodes_body, history = await asyncio.gather(metrics_task, nodes_task, hist_task)
+    try:
+        body, history = await _metrics_and_history(
+            api.get(METRICS + suffix, params),
+            _history(api, HISTORY + suffix, {**params, **history_params(opts)}, res.warnings)
+            if with_history
+            else None,
+            opts,
+            res,
+        )
+    except BaseException:
+        nodes_task.cancel()
+        raise
+    nodes_body = await nodes_task
     items = output.typed(body, _items(body, "NodeMetricsList", METRICS + suffix))
     if not items:
         raise PluginError("metrics not available yet")
@@ -295,12 +335,14 @@ async def top_pods(api: API, opts: Any) -> Result:
     suffix = f"/namespaces/{namespace}/pods" if namespace is not None else "/pods"
     if opts.name:
         suffix += f"/{opts.name}"
-    hist_task = (
+    body, history = await _metrics_and_history(
+        api.get(METRICS + suffix, params),
         _history(api, HISTORY + suffix, {**params, **history_params(opts)}, res.warnings)
         if with_history
-        else asyncio.sleep(0, None)
+        else None,
+        opts,
+        res,
     )
-    body, history = await asyncio.gather(api.get(METRICS + suffix, params), hist_task)
     items = output.typed(body, _items(body, "PodMetricsList", METRICS + suffix))
     if not items:
         await _why_empty(api, namespace, params)
