@@ -9,7 +9,8 @@ the node list without metrics get a ``<unknown>`` row, as in kubectl.
 Where kubectl stops, this degrades with one ``warning:`` line on stderr and exit code 0: a node list it
 may not read (403, or 404 on a server that is not a kube-apiserver, such as `kcms demo`) leaves the
 percentages ``<unknown>``; history that is absent (no history.kcms.io/v1alpha1 in discovery: plain
-metrics-server) or unreadable leaves the sparkline column out.
+metrics-server) or unreadable leaves the sparkline column out, as do over `MAX_AUTO_HISTORY_ROWS`
+rows unless the column is asked for (``--sparkline cpu|memory``).
 """
 
 from __future__ import annotations
