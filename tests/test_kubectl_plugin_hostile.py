@@ -156,6 +156,15 @@ async def test_garbage_answers_are_one_line_errors(hostile):
     )
     line = one_line(*await run_plugin("top", "pods", "--kubeconfig", hostile.kubeconfig))
     assert line == "error: pod web-1 container web cpu: lots\\nof is not a quantity"
+    huge = {**POD, "containers": [{"name": "web", "usage": {"cpu": "9" * 100_000, "memory": "1Mi"}}]}
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"] = lambda: web.json_response(
+        {"items": [huge]}
+    )
+    line = one_line(*await run_plugin("top", "pods", "--kubeconfig", hostile.kubeconfig))
+    assert line.startswith("error: pod web-1 container web cpu: 999") and line.endswith(
+        "(over 64 characters)"
+    )
+    assert len(line) < 200
 
 
 async def test_refusals_are_kubectl_style_lines(hostile):

@@ -24,6 +24,7 @@ from kcms.quantity import parse_quantity
 MIN_WIDTH = 6
 PADDING = 3
 UNKNOWN = "<unknown>"
+MAX_QUANTITY = 64  # characters: a quantity is a number and a suffix; the longest real ones are ~20
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -47,6 +48,8 @@ def quantity(value: Any, what: str) -> Decimal:
         return Decimal(0)  # an absent resource reads as zero, as in Go's ResourceList
     if not isinstance(value, str):
         raise PluginError(f"{what}: the quantity {one_line(repr(value), 60)} is not a string")
+    if len(value) > MAX_QUANTITY:
+        raise PluginError(f"{what}: {one_line(value, 60)} is not a quantity (over {MAX_QUANTITY} characters)")
     try:
         q = parse_quantity(value)
     except (ValueError, InvalidOperation):
