@@ -254,6 +254,17 @@ async def test_history_and_node_list_refusals_only_drop_the_decoration(hostile):
         "web-1   2m           3Mi             ",
     ]
     assert err == "warning: no history: Error from server (Forbidden): no history for you\n"
+    # A name with a terminal escape is printed escaped.
+    evil = {**POD, "metadata": {"name": "web\x1b[2J\nfake-row", "namespace": "default"}}
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"] = lambda: web.json_response(
+        {"items": [evil]}
+    )
+    rc, out, _ = await run_plugin("top", "pods", "--sparkline", "off", "--kubeconfig", hostile.kubeconfig)
+    assert rc == 0 and "\x1b" not in out and out.count("\n") == 2
+    assert out.split("\n")[1].split()[0] == "web\\x1b[2J\\nfake-row"
+    hostile.routes["/apis/metrics.k8s.io/v1beta1/namespaces/default/pods"] = lambda: web.json_response(
+        {"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1", "items": [POD]}
+    )
     # History that is garbage is dropped the same way; garbage points inside a good list are skipped.
     hostile.routes["/apis/history.kcms.io/v1alpha1/namespaces/default/pods"] = lambda: web.json_response(
         {"items": [{"metadata": {"name": "web-1", "namespace": "default"}, "containers": [{"name": "web", "points": [

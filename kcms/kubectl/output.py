@@ -24,13 +24,18 @@ from kcms.quantity import parse_quantity
 MIN_WIDTH = 6
 PADDING = 3
 UNKNOWN = "<unknown>"
+CELL_LIMIT = 300  # characters of one table cell (Kubernetes names: at most 253)
 MAX_QUANTITY = 64  # characters: a quantity is a number and a suffix; the longest real ones are ~20
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
-    """The rows (the header first, if any) as kubectl's tab writer prints them."""
+    """The rows (the header first, if any) as kubectl's tab writer prints them. A cell from a server
+    with control characters or terminal escapes is written escaped, and bounded (`CELL_LIMIT`)."""
     if not rows:
         return ""
+    rows = [
+        [c if c.isprintable() and len(c) <= CELL_LIMIT else one_line(c, CELL_LIMIT) for c in r] for r in rows
+    ]
     widths: list[int] = []
     for row in rows:
         for i, cell in enumerate(row):
