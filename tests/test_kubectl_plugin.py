@@ -622,3 +622,39 @@ def test_a_reader_that_goes_away_is_no_error(demo):
     proc.stdout.close()
     assert proc.wait(60) == 0
     assert proc.stderr.read() == b""
+
+
+def test_watch_on_a_terminal_clears_the_screen_each_round(demo):
+    """On a terminal, --watch redraws in place (clear screen, then the table), as `watch` does."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [str(SCRIPTS / "kcms"), "top", "nodes", "--watch", "--interval", "1s", "--kubeconfig", demo],
+        stdout=follower, stderr=subprocess.PIPE, env=plugin_env(), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(follower)
+    try:
+        seen = b""
+        deadline = time.monotonic() + 60
+        while seen.count(b"\x1b[H\x1b[2J") < 2:
+            assert time.monotonic() < deadline, seen
+            seen += os.read(leader, 65536)
+        frames = seen.split(b"\x1b[H\x1b[2J")[1:]
+        assert frames[0].decode().split()[:5] == [
+            "NAME",
+            "CPU(cores)",
+            "CPU(%)",
+            "MEMORY(bytes)",
+            "MEMORY(%)",
+        ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        assert "Traceback" not in err
+        assert err.count("warning: CPU(%) and MEMORY(%) are <unknown>") == 1  # said once, not each round
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()

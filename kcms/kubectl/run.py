@@ -2,8 +2,8 @@
 
 With ``--watch`` the command runs again every ``--interval``: on a terminal the screen is cleared first
 (as `watch` does), otherwise the prints follow each other separated by a blank line. A failure after
-the first print is reported (one line, with the time) and the next round tries again; Ctrl-C or
-SIGTERM ends the watch with exit code 0.
+the first print is reported (one line, with the time) and the next round tries again; warnings are
+printed again only when they change; Ctrl-C or SIGTERM ends the watch with exit code 0.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ async def _watch(once: Any, args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     tty = sys.stdout.isatty()
     first = True
+    last_warnings: list[str] = []
     while not stop.is_set():
         try:
             result = await once()
@@ -83,6 +84,10 @@ async def _watch(once: Any, args: argparse.Namespace) -> int:
                 raise
             print(f"{time.strftime('%H:%M:%S')} error: {e}", file=sys.stderr, flush=True)
         else:
+            if result.warnings == last_warnings:
+                result.warnings = []  # said once; said again only when they change
+            else:
+                last_warnings = list(result.warnings)
             if tty:
                 sys.stdout.write(CLEAR)
             elif not first:
