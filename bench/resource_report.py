@@ -132,7 +132,12 @@ def rows(r: dict) -> list[tuple[str, str]]:
             ("history_nodes", "all nodes"),
         ):
             f = _get(r, "lists", "gzip", key)
-            out.append((f"history of {what} (gzip)", f"{_num(_get(f, 'p50_ms'), 1)} ms, {_num(_get(f, 'items'), 0)} items, "
+            count = (
+                f"{_num(_get(f, 'points'), 0)} points"
+                if key == "history_pod"
+                else f"{_num(_get(f, 'items'), 0)} items"
+            )
+            out.append((f"history of {what} (gzip)", f"{_num(_get(f, 'p50_ms'), 1)} ms, {count}, "
                         f"{_num(_get(f, 'wire_bytes') / 1e3, 0)} kB"))  # fmt: skip
     out.append(("pods served at the end", _vs(r["pods_served_pct"], reference(n, "pods_served_pct"), 1, "%")))
     load = r.get("load") or {}
@@ -158,7 +163,11 @@ def markdown_table(results: list[dict]) -> str:
         return ""
     labels = [label for label, _ in rows(results[0])]
     cells = [dict(rows(r)) for r in results]
-    head = "| | " + " | ".join(f"{r['nodes']} nodes" for r in results) + " |"
+
+    def name(r: dict) -> str:  # runs with and without history side by side (docs/history.md)
+        return f"{r['nodes']} nodes" + {True: ", history", False: ", no history"}.get(r.get("history"), "")
+
+    head = "| | " + " | ".join(name(r) for r in results) + " |"
     lines = [head, "|---" * (len(results) + 1) + "|"]
     for label in labels:
         lines.append(f"| {label} | " + " | ".join(c.get(label, "-") for c in cells) + " |")
@@ -238,7 +247,7 @@ if __name__ == "__main__":
     import sys
 
     results = [r for path in sys.argv[1:] for r in json.load(open(path))["results"]]
-    results.sort(key=lambda r: r["nodes"])
-    print("\n".join(reference_lines([r["nodes"] for r in results])))
+    results.sort(key=lambda r: (r["nodes"], bool(r.get("history"))))
+    print("\n".join(reference_lines(sorted({r["nodes"] for r in results}))))
     print()
     print(markdown_table(results))

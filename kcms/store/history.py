@@ -36,8 +36,11 @@ Retention and eviction:
   adds no point.
 
 The write (:meth:`HistoryStore.record`) runs on the store's hot path, once per node scrape, with
-the pairs of readings the store has just chosen; see ``bench/resource_pipeline.py`` and
-``docs/history.md`` for its cost and the memory figures.
+the pairs of readings the store has just chosen, updating the node's pod records in place (a new
+record only for a new pod or a changed set of containers). Measured (``bench/history_store.py``,
+1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per node scrape (~0.9 us per container)
+and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
+history in ``docs/history.md`` (``bench/resource_pipeline.py``).
 """
 
 from __future__ import annotations
