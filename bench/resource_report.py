@@ -161,8 +161,8 @@ def rows(r: dict) -> list[tuple[str, str]]:
 def markdown_table(results: list[dict]) -> str:
     if not results:
         return ""
-    labels = [label for label, _ in rows(results[0])]
     cells = [dict(rows(r)) for r in results]
+    labels = list(dict.fromkeys(label for c in cells for label in c))  # every run's rows, in order
 
     def name(r: dict) -> str:  # runs with and without history side by side (docs/history.md)
         return f"{r['nodes']} nodes" + {True: ", history", False: ", no history"}.get(r.get("history"), "")
