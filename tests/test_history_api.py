@@ -555,3 +555,14 @@ async def test_series_history_selectors_and_errors(env: Env, caplog):
     status, _ = await env.get("/readyz", token=None, accept=None)
     assert status == 200
     no_traceback(caplog)
+
+
+def test_time_cache_matches_the_formatter_and_stays_bounded(monkeypatch):
+    from kcms.apis.history.convert import TimeCache, TimeFormatter
+
+    monkeypatch.setattr(TimeCache, "LIMIT", 100)
+    cache, plain = TimeCache(), TimeFormatter()
+    stamps = [1_700_000_000.0 + 0.5 * i for i in range(1000)] + [-1e300, 1e300, float("nan"), 0.0]
+    for ts in stamps + stamps[::-1]:
+        assert cache(ts) == plain(ts)
+        assert len(cache._texts) <= 100

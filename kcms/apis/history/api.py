@@ -264,9 +264,7 @@ class HistoryAPI:
 
     # -- nodes -----------------------------------------------------------------------------------
 
-    def _node_item(
-        self, node: NodeInfo, oldest: float, created: str, fmt: convert.TimeFormatter
-    ) -> dict | None:
+    def _node_item(self, node: NodeInfo, oldest: float, created: str, fmt: convert.TimeCache) -> dict | None:
         points = self.history.node_points(node.name, oldest)
         if not points:
             return None
@@ -281,7 +279,7 @@ class HistoryAPI:
         else:
             nodes = list(self.inventory.nodes())
         keep = _keep(labels, fields, namespaced=False)
-        fmt = convert.TimeFormatter()
+        fmt = convert.TimeCache()
         created = fmt(time.time())
 
         def items() -> Iterator[dict]:
@@ -309,7 +307,7 @@ class HistoryAPI:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def _pod_item(self, pod: PodInfo, oldest: float, created: str, fmt: convert.TimeFormatter) -> dict | None:
+    def _pod_item(self, pod: PodInfo, oldest: float, created: str, fmt: convert.TimeCache) -> dict | None:
         names, points = self.history.pod_points(pod.namespace, pod.name, oldest)
         if not points:
             return None
@@ -328,7 +326,7 @@ class HistoryAPI:
         else:
             pods = list(self.inventory.pods(namespace))
         keep = _keep(labels, fields, namespaced=True)
-        fmt = convert.TimeFormatter()
+        fmt = convert.TimeCache()
         created = fmt(time.time())
 
         def items() -> Iterator[dict]:

@@ -92,7 +92,7 @@ class SeriesHistory:
                 return False
             return fields.empty or fields.matches({"metadata.name": name, "metadata.namespace": ns})
 
-        fmt = convert.TimeFormatter()
+        fmt = convert.TimeCache()
 
         def items() -> Iterator[dict]:
             for _, res, ns, name, series_labels, packed in self.series.export(select, (metric,)):
