@@ -1,5 +1,5 @@
 import sys
 
-from kcms.cli import main
+from kcms.cmd.main import main
 
 sys.exit(main())

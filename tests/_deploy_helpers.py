@@ -1,7 +1,6 @@
 """Shared by tests/test_deploy.py and tests/test_image.py: repository paths and rendering deploy/.
 
-Rendering uses the real ``kubectl kustomize`` (the test is skipped where kubectl is not installed);
-``require_cli`` skips a test until kcms/cli.py exists.
+Rendering uses the real ``kubectl kustomize`` (the test is skipped where kubectl is not installed).
 """
 
 from __future__ import annotations
@@ -53,11 +52,6 @@ def only(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, f"expected exactly one {kind}/{name}, found {len(found)}"
     return found[0]
-
-
-def require_cli() -> None:
-    if not (REPO / "kcms" / "cli.py").exists():
-        pytest.skip("kcms/cli.py is not written yet; this check runs once it exists")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,13 +17,13 @@ import trustme
 from _kubectl import KUBECTL  # noqa: F401 (re-exported to the tests)
 
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
-from kcms.cli import build_parser
+from kcms.cmd.main import build_parser
+from kcms.cmd.standalone import build_pipeline, kubelet_config
 from kcms.collector.kubelet import KubeletClient
 from kcms.kube.client import KubeClient
 from kcms.kube.inventory import KubeInventory
 from kcms.kube.reviews import AccessReviewer, TokenReviewer
 from kcms.sim import SimulatedCluster
-from kcms.standalone import build_pipeline, kubelet_config
 
 BASE = "/apis/metrics.k8s.io/v1beta1"
 READER = "reader-token"

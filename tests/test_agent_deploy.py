@@ -10,8 +10,8 @@ import pytest
 import yaml
 from _deploy_helpers import DEPLOY, allowed, expanded_args, flag, kcms_containers, only, render, secret_file
 
-from kcms.agent.cli import add_agent_arguments
-from kcms.cli import build_parser
+from kcms.cmd.agent import add_agent_arguments
+from kcms.cmd.main import build_parser
 from kcms.collector.agents import DEFAULT_AGENT_SERVER_NAME
 
 AGENT = DEPLOY / "agent"

@@ -226,7 +226,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     if not any(a.startswith(("--tls-", "--client-ca-file", "--insecure-serving")) for a in args):
         args = ("--insecure-serving", *args)
     return subprocess.run(
-        [sys.executable, "-m", "kcms.agent.cli", *args],
+        [sys.executable, "-m", "kcms.cmd.agent", *args],
         cwd=REPO,
         env=env if env is not None else {**os.environ, "NODE_NAME": "node-a"},
         capture_output=True,
@@ -292,7 +292,7 @@ def test_cli_serves_node_metrics_and_stops_on_sigterm() -> None:
         [
             sys.executable,
             "-m",
-            "kcms.agent.cli",
+            "kcms.cmd.agent",
             "--node-name",
             "node-a",
             "--no-cgroups",
@@ -339,7 +339,7 @@ def test_cli_serves_node_metrics_and_stops_on_sigterm() -> None:
 
 
 async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_path: Path) -> None:
-    """`python -m kcms.agent.cli` against the fake API server, a cgroup tree and a real app endpoint."""
+    """`python -m kcms.cmd.agent` against the fake API server, a cgroup tree and a real app endpoint."""
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text='# TYPE jobs_done_total counter\njobs_done_total{queue="q"} 41\n')
@@ -370,7 +370,7 @@ async def test_cli_end_to_end_with_api_server_cgroups_and_an_app(fake_kube, tmp_
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kcms.agent.cli",
+        "kcms.cmd.agent",
         "--node-name=node-a",
         f"--kubeconfig={fake_kube.kubeconfig}",
         f"--cgroup-root={tmp_path / 'cg'}",

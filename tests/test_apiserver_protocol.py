@@ -191,7 +191,7 @@ def component_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     else:
         cmd = [
             "-m",
-            "kcms.agent.cli",
+            "kcms.cmd.agent",
             "--node-name=node-a",
             "--no-cgroups",
             "--no-apps",
@@ -280,8 +280,8 @@ def test_bad_overload_and_timeout_flags_stop_start_up_naming_the_flag(
 
 
 def test_overload_flags_reach_the_servers_options() -> None:
-    from kcms.cli import build_parser
-    from kcms.standalone import serving_options
+    from kcms.cmd.main import build_parser
+    from kcms.cmd.standalone import serving_options
 
     for command in ("standalone", "server"):
         args = build_parser().parse_args(

@@ -22,7 +22,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 import yaml
-from _deploy_helpers import DEPLOY, PROBE_PATHS, REPO, only, render, require_cli
+from _deploy_helpers import DEPLOY, PROBE_PATHS, REPO, only, render
 
 BASE = DEPLOY / "base"
 OVERLAYS = sorted(p.parent for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
@@ -455,7 +455,6 @@ def test_split_args() -> None:
 
 @overlay_param
 def test_container_flags_are_accepted_by_the_cli(overlay: Path) -> None:
-    require_cli()
     checked = 0
     for workload in workloads(render(overlay)):
         for container in containers(workload):
@@ -470,7 +469,6 @@ def test_container_flags_are_accepted_by_the_cli(overlay: Path) -> None:
 
 def test_standalone_accepts_metrics_server_flags() -> None:
     """Drop-in: every metrics-server flag we promise is a flag of `kcms standalone`."""
-    require_cli()
     missing = [f for f in METRICS_SERVER_FLAGS if f not in cli_flags("standalone")]
     assert not missing, f"`kcms standalone` lacks {missing}"
 

@@ -41,7 +41,7 @@ from _deploy_helpers import (
 
 from kcms.agent.push import NODES_PATH
 from kcms.apis.nodepush import NODES_PATH as SERVED_PATH
-from kcms.cli import build_parser
+from kcms.cmd.main import build_parser
 
 NS = "kube-system"
 MULTI, SHARDED, PUSH = (DEPLOY / "overlays" / n for n in ("multi-store", "sharded", "push"))

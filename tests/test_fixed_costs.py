@@ -18,7 +18,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcms.cli import COMMANDS, build_parser
+from kcms.cmd.main import COMMANDS, build_parser
 from kcms.model import ObjectRef
 from kcms.store.series import GC_MAX_INTERVAL, GC_MIN_INTERVAL, SeriesStore
 from kcms.tasks import cancel_and_wait
@@ -108,7 +108,7 @@ async def test_the_gc_loop_collects_a_store_that_becomes_non_empty():
 
 # ------------------------------------------------------------------ imports at start
 
-UNUSED_BY_STANDALONE = ("kcms.agent", "kcms.sim", "kcms.cli_ha", "kcms.demo")
+UNUSED_BY_STANDALONE = ("kcms.agent", "kcms.sim", "kcms.cmd.flags_ha", "kcms.cmd.demo")
 
 
 def _modules_after(code: str) -> tuple[set[str], str]:
@@ -122,13 +122,13 @@ def _modules_after(code: str) -> tuple[set[str], str]:
 def test_standalone_startup_does_not_import_other_commands_modules():
     """The parse and the whole pipeline module of `kcms standalone`: no agent, simulator, HA client."""
     modules, _ = _modules_after(
-        "from kcms.cli import build_parser\n"
+        "from kcms.cmd.main import build_parser\n"
         "args = build_parser('standalone').parse_args(['standalone', '--metric-resolution', '15s'])\n"
         "assert args.metric_resolution == 15.0 and args.command == 'standalone'\n"
-        "import kcms.standalone\n"
+        "import kcms.cmd.standalone\n"
     )
     assert [m for m in modules if m.startswith(UNUSED_BY_STANDALONE)] == []
-    assert "kcms.standalone" in modules
+    assert "kcms.cmd.standalone" in modules
 
 
 def test_standalone_help_and_bad_flags_load_no_kubernetes_client():
@@ -144,7 +144,7 @@ def test_standalone_help_and_bad_flags_load_no_kubernetes_client():
     ):
         modules, err = _modules_after(
             "import contextlib, io, sys\n"
-            "from kcms.cli import main\n"
+            "from kcms.cmd.main import main\n"
             "buf = io.StringIO()\n"
             "with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):\n"
             "    try:\n"

@@ -487,9 +487,9 @@ def test_imports_no_server_machinery():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
     assert shutil.which("kcms", path=str(SCRIPTS))
-    # `kcms top` goes through kcms.cli, which builds no server parser for it and imports no server module
+    # `kcms top` goes through kcms.cmd.main, which builds no server parser for it and imports no server module
     code = (
-        "import sys; from kcms.cli import main; rc = main(['top', 'pods', '--kubeconfig', '/nonexistent']); "
+        "import sys; from kcms.cmd.main import main; rc = main(['top', 'pods', '--kubeconfig', '/nonexistent']); "
         "print(rc, sorted(m for m in sys.modules if m.startswith('kcms.') and m.split('.')[1] in "
         "('apiserver', 'apis', 'store', 'collector', 'standalone', 'server', 'sim', 'agent', 'dashboard', 'cli_ha')))"
     )

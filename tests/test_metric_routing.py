@@ -20,7 +20,7 @@ from _prometheus_helpers import prom_fixture  # noqa: F401 (the module's real Pr
 
 from kcms.apis.provider import EVERYTHING, MetricInfo, StoreProvider
 from kcms.apis.routing import MetricRouter, parse_metric_sources, route
-from kcms.cli import build_parser
+from kcms.cmd.main import build_parser
 from kcms.model import ObjectRef
 from kcms.sim import SimulatedCluster
 from kcms.store.series import SeriesStore

@@ -570,7 +570,7 @@ def run_agent(*args: str) -> tuple[int, str]:
         [
             sys.executable,
             "-m",
-            "kcms.agent.cli",
+            "kcms.cmd.agent",
             "--node-name=node-a",
             "--no-cgroups",
             "--no-apps",
@@ -658,7 +658,7 @@ async def test_agent_process_pushes_its_kubelet_readings_to_the_active_server(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kcms.agent.cli",
+        "kcms.cmd.agent",
         f"--node-name={sim_node.name}",
         f"--kubeconfig={fake_kube.kubeconfig}",
         "--no-cgroups",

@@ -590,21 +590,22 @@ def test_overlay_flags_and_config_pass_the_real_cli_checks(
     """`kcms standalone` with the Deployment's flags and the ConfigMap's file: the CLI's own start-up
     checks accept them and load the rules; the same file with one misspelt template field stops
     start-up naming the flag, the rule and the field."""
-    from kcms import cli
+    from kcms.cmd import flags_sources
+    from kcms.cmd import main as cli
 
     config = tmp_path / "config.yaml"
     config.write_text(overlay_config())
     parser = cli.build_parser("standalone")
     args = parser.parse_args(_standalone_args(config))
     sub = parser._subparsers._group_actions[0].choices["standalone"]  # type: ignore[union-attr]
-    cli.validate_prometheus_flags(sub, args)
+    flags_sources.validate_prometheus_flags(sub, args)
     assert isinstance(args.adapter_config, AdapterConfig) and len(args.adapter_config.namers) == 3
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(overlay_config().replace("<<.Series>>", "<<.Sries>>", 1))
     args = parser.parse_args(_standalone_args(broken))
     with pytest.raises(SystemExit) as exit_info:
-        cli.validate_prometheus_flags(sub, args)
+        flags_sources.validate_prometheus_flags(sub, args)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --config: rules[0].metricsQuery: unknown template field .Sries" in err

@@ -210,7 +210,7 @@ def test_demo_bad_prometheus_flags_stop_it_naming_the_flag(argv: list[str], flag
 def test_demo_default_config_loads_and_renders() -> None:
     """The default rules are prometheus-adapter's format as the bridge reads it."""
     from kcms.apis.prometheus.config import load_adapter_config
-    from kcms.demo_prometheus import DEMO_ADAPTER_CONFIG
+    from kcms.cmd.demo_prometheus import DEMO_ADAPTER_CONFIG
 
     config = load_adapter_config(DEMO_ADAPTER_CONFIG, "<demo>")
     assert len(config.rules) == 3 and not config.external_rules and config.resource_rules is None

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from prometheus_client import REGISTRY
 
-from kcms.cli import build_parser
+from kcms.cmd.main import build_parser
 from kcms.collector.kubelet import KubeletClientConfig
 from kcms.collector.scrapeloop import AUTO_MIN_CPUS, AUTO_MIN_NODES, auto_workers
 from kcms.collector.workerproto import (

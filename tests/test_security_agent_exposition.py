@@ -447,7 +447,7 @@ def open_log(path: Path):
 def test_the_agent_will_not_serve_plain_http_unless_told() -> None:
     env = {**os.environ, "NODE_NAME": NODE}
     run = subprocess.run(
-        [sys.executable, "-m", "kcms.agent.cli", "--no-cgroups", "--no-apps", "--no-kubelet"],
+        [sys.executable, "-m", "kcms.cmd.agent", "--no-cgroups", "--no-apps", "--no-kubelet"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 2 and "--tls-cert-file" in run.stderr and "--insecure-serving" in run.stderr
@@ -468,7 +468,7 @@ async def test_agent_process_guards_metrics_and_keeps_probes_and_otlp_open(ca, f
     log_path = tmp_path / "agent.log"
     with open_log(log_path) as log_file:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kcms.agent.cli", f"--node-name={NODE}",
+            sys.executable, "-m", "kcms.cmd.agent", f"--node-name={NODE}",
             f"--kubeconfig={fake_kube.kubeconfig}", "--no-cgroups", "--no-apps", "--no-kubelet",
             f"--listen=127.0.0.1:{port}", f"--otlp-listen=127.0.0.1:{otlp_port}", "--interval=200ms",
             f"--tls-cert-file={pem}", f"--tls-private-key-file={pem}",

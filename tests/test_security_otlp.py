@@ -638,7 +638,7 @@ async def test_kcms_agent_process_binds_otlp_senders(fake_kube: FakeKubeAPI, all
     args = [
         sys.executable,
         "-m",
-        "kcms.agent.cli",
+        "kcms.cmd.agent",
         f"--node-name={NODE}",
         f"--kubeconfig={fake_kube.kubeconfig}",
         f"--listen=127.0.0.1:{port}",
@@ -702,7 +702,7 @@ def test_contradictory_otlp_flags_stop_start_up_naming_the_flag():
         [
             sys.executable,
             "-m",
-            "kcms.agent.cli",
+            "kcms.cmd.agent",
             f"--node-name={NODE}",
             "--insecure-serving",
             "--no-otlp",

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from kcms.sim import add_simulate_arguments, simulate_main
+from kcms.cmd.simulate import add_simulate_arguments, simulate_main
 
 
 async def get(s: aiohttp.ClientSession, url: str, limit: float = 10.0) -> tuple[int, bytes]:
@@ -56,7 +56,7 @@ async def test_simulate_command_serves_until_sigterm(tmp_path: Path) -> None:
     ca_out, inv = tmp_path / "ca.pem", tmp_path / "inv.json"
     code = (
         "import argparse, asyncio, sys\n"
-        "from kcms.sim import add_simulate_arguments, simulate_main\n"
+        "from kcms.cmd.simulate import add_simulate_arguments, simulate_main\n"
         "p = argparse.ArgumentParser(); add_simulate_arguments(p)\n"
         "sys.exit(asyncio.run(simulate_main(p.parse_args(sys.argv[1:]))))\n"
     )

@@ -58,7 +58,7 @@ class AgentAccess:
 
 
 def agent_access(args: Any, kube: KubeClient | None) -> AgentAccess:
-    """The :class:`AgentAccess` of the ``--agent-*`` flags in ``args`` (see kcms.cli); the token
+    """The :class:`AgentAccess` of the ``--agent-*`` flags in ``args`` (see kcms/cmd/flags_sources.py); the token
     defaults to ``kube``'s credential (in a cluster, the ServiceAccount token, re-read as it rotates)."""
     if getattr(args, "agent_insecure_http", False):
         return AgentAccess(insecure_http=True)

@@ -1,5 +1,5 @@
 """The Prometheus bridge as the standalone pipeline and ``kcms server`` mount it, built from the flags
-(``kcms.cli.add_prometheus_flags``; docs/prometheus.md): the client, the
+(``kcms.cmd.flags_sources.add_prometheus_flags``; docs/prometheus.md): the client, the
 :class:`~kcms.apis.prometheus.provider.PrometheusProvider` (routed beside the store by
 :func:`kcms.apis.routing.route`), its readiness report, and optionally
 (``--resource-metrics-source prometheus``) the metrics.k8s.io feed from ``resourceRules``.

@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kcms.cli_ha import leader_elector_factory
+from kcms.cmd.flags_ha import leader_elector_factory
 from kcms.collector.agents import AgentCollector, agent_access
 from kcms.collector.kubelet import KubeletClient
 from kcms.collector.scheduler import Collector
@@ -184,10 +184,10 @@ class CollectorProcess:
 
 
 async def run_collector(args: argparse.Namespace) -> int:
+    from kcms.cmd.standalone import kubelet_config
+    from kcms.cmd.store import cluster_from_flags, members_from_flags
     from kcms.kube.client import KubeClient, KubeConfigError
     from kcms.kube.inventory import KubeInventory, StaticInventory
-    from kcms.standalone import kubelet_config
-    from kcms.store.run import cluster_from_flags, members_from_flags
 
     kube = None
     try:

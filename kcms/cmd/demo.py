@@ -12,13 +12,13 @@ import tempfile
 
 from kcms import certs
 from kcms.apiserver import AuthnOptions, AuthzOptions, ServingOptions
+from kcms.cmd.demo_prometheus import examples as prometheus_examples
+from kcms.cmd.demo_prometheus import found_pods, standalone_flags
+from kcms.cmd.standalone import build_pipeline, kubelet_config
 from kcms.collector.kubelet import KubeletClient
-from kcms.demo_prometheus import examples as prometheus_examples
-from kcms.demo_prometheus import found_pods, standalone_flags
 from kcms.kube.inventory import StaticInventory
 from kcms.sim import SimulatedCluster
 from kcms.sim.agents import SimulatedAgents
-from kcms.standalone import build_pipeline, kubelet_config
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def demo_args(
 ) -> argparse.Namespace:
     """The `kcms standalone` flags the demo runs with (every other flag at its default).
 
-    ``parser`` is `kcms`'s own (``kcms.cli.build_parser("standalone")``), passed in by the caller:
+    ``parser`` is `kcms`'s own (``kcms.cmd.main.build_parser("standalone")``), passed in by the caller:
     the CLI imports this module, so importing the CLI back would be a cycle (tests/test_layout.py).
     """
     return parser.parse_args(
@@ -104,7 +104,7 @@ def demo_args(
             f"--metric-resolution={args.metric_resolution}s",
             "--agent-insecure-http",  # the simulated agents serve plain HTTP on loopback
             f"--history={args.history}s",  # 0: off (history.kcms.io absent)
-            *(extra or []),  # --prometheus: the bridge's flags (kcms/demo_prometheus.py)
+            *(extra or []),  # --prometheus: the bridge's flags (kcms/cmd/demo_prometheus.py)
         ]
     )
 

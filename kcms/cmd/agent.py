@@ -2,7 +2,7 @@
 
 ``add_agent_arguments(parser)`` adds the flags; ``await agent_main(args)`` validates what argparse
 cannot (a message naming the flag, exit status 2) and runs until SIGTERM or SIGINT.
-Also runnable on its own: ``python -m kcms.agent.cli --node-name NODE ...``.
+Also runnable on its own: ``python -m kcms.cmd.agent --node-name NODE ...``.
 """
 
 from __future__ import annotations
@@ -443,7 +443,7 @@ async def agent_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kcms.agent.cli``: parse ``argv`` and run the agent."""
+    """``python -m kcms.cmd.agent``: parse ``argv`` and run the agent."""
     parser = argparse.ArgumentParser(prog="kcms agent", description="KCMS node agent")
     add_agent_arguments(parser)
     args = parser.parse_args(argv)

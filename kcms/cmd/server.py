@@ -27,7 +27,7 @@ from kcms.apis.objects import ObjectLabels
 from kcms.apis.push import PushAPI, PushLimits
 from kcms.apis.routing import route
 from kcms.apiserver import AggregatedAPIServer
-from kcms.standalone import KubeAccess, kube_access, serving_options
+from kcms.cmd.standalone import KubeAccess, kube_access, serving_options
 from kcms.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class ServerProcess:
             metrics_store: Any = self.resources
             writer: Any = self.series
             if args.leader_elect:
-                from kcms.cli_ha import leader_elector_factory
+                from kcms.cmd.flags_ha import leader_elector_factory
 
                 self.elector = leader_elector_factory(args, access.kube)(self._started, self._stopped)
             active = self.elector.is_leader if self.elector is not None else (lambda: True)
@@ -103,7 +103,7 @@ class ServerProcess:
         else:
             from kcms.apis.cluster_provider import ClusterProvider
             from kcms.apis.metrics.remote import RemoteResources
-            from kcms.store.run import cluster_from_flags
+            from kcms.cmd.store import cluster_from_flags
             from kcms.store.sink import ClusterSink
 
             self.cluster = cluster_from_flags(args, members)
@@ -229,7 +229,7 @@ async def run_server(args: argparse.Namespace) -> int:
         return 1
     members = None
     if not args.active_standby:
-        from kcms.store.run import members_from_flags
+        from kcms.cmd.store import members_from_flags
 
         members = await members_from_flags(args, access.kube)
         await members.start()
