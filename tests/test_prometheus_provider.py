@@ -201,6 +201,20 @@ async def test_external_metrics_label_selector_and_namespacing(env: Env, prom):
     assert close(body["items"][0]["value"], prom.exporter.jobs_pending("team-a", "invoices"), rel=0)
 
 
+async def test_a_selector_promql_cannot_express_is_the_clients_400(env: Env, prom):
+    """``k>5`` parses as a Kubernetes selector but has no PromQL matcher (prometheus-adapter refuses
+    it too): the client's mistake, a 400 Status, on both APIs; the metric itself still answers."""
+    for path in (
+        f"{EXTERNAL}/namespaces/team-a/jobs_pending?labelSelector=queue%3E5",
+        f"{CUSTOM}/v1beta2/namespaces/default/pods/*/requests_per_second?metricLabelSelector=method%3E5",
+    ):
+        status, body = await env.get(path)
+        assert status == 400 and body["kind"] == "Status" and body["reason"] == "BadRequest", body
+        assert "operator not supported" in body["message"]
+    status, body = await env.get(f"{EXTERNAL}/namespaces/team-a/jobs_pending")
+    assert status == 200 and body["items"]
+
+
 async def test_readyz_reports_discovery_and_metrics_count_it(env: Env):
     status, text = await env.get("/readyz?verbose", token=None, accept=None)
     assert status == 200

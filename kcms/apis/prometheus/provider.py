@@ -334,6 +334,12 @@ class PrometheusProvider:
             raise status_for(e, what) from None
 
     def _render_failed(self, api: str, what: str, e: Exception) -> StatusError:
+        """A query that cannot be built: the client's mistake (a selector operator PromQL matchers
+        cannot express, such as ``k>5``) is a 400; a rule whose template fails on these values is
+        the server's configuration, a 503."""
+        if getattr(e, "client_error", False):
+            log.info("%s: bad selector: %s", printable(what, 300), printable(e))
+            return StatusError(400, "BadRequest", f"{what}: {printable(e)}")
         QUERY_FAILURES.labels(api, RENDER).inc()
         log.warning("%s: the rule's query did not render: %s", printable(what, 300), printable(e))
         return StatusError(
