@@ -52,3 +52,8 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+class StartupError(Exception):
+    """A start-up failure that flags explain (a port already in use, say): ``kcms`` prints the
+    message, which names the flags to change, and exits 1 without a traceback."""

@@ -84,6 +84,22 @@ def test_bad_flags_stop_startup_naming_the_flag(argv, flag):
     assert flag in result.stderr
 
 
+def test_a_port_in_use_stops_startup_naming_the_flags(tmp_path):
+    """The serving port is taken by another listener: one line naming --secure-port, exit 1, no
+    traceback (it used to end in an OSError traceback from asyncio)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = kcms(
+            "demo", "--secure-port", str(port), "--nodes", "1", "--no-dashboard", "--work-dir", str(tmp_path)
+        )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    line = [x for x in result.stderr.splitlines() if "error:" in x]
+    assert len(line) == 1 and "--secure-port" in line[0] and f"127.0.0.1:{port}" in line[0], result.stderr
+
+
 def test_help_lists_metrics_server_flags():
     out = kcms("standalone", "--help").stdout
     for flag in (

@@ -22,6 +22,7 @@ import prometheus_client
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from kcms.flags import StartupError
 from kcms.httpguard import GuardedRunner, GuardOptions, accepts_encoding
 from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
@@ -198,7 +199,14 @@ class AggregatedAPIServer:
             ssl_context=self.reloader.ctx,
             backlog=1024,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:  # in use, or an address this host does not have: the flags' fault
+            await self._runner.cleanup()
+            raise StartupError(
+                f"cannot listen on {self.serving.bind_address or '*'}:{self.serving.secure_port} "
+                f"(--bind-address, --secure-port): {e.strerror or e}"
+            ) from None
         server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the bound socket
         sockets = getattr(server, "sockets", None) or []
         self._port = sockets[0].getsockname()[1] if sockets else self.serving.secure_port

@@ -36,7 +36,7 @@ from kcms.cmd.flags_sources import (
     validate_prometheus_flags,
     validate_series_flags,
 )
-from kcms.flags import parse_duration, port, positive_int
+from kcms.flags import StartupError, parse_duration, port, positive_int
 
 COMMANDS = ("standalone", "store", "collector", "server", "agent", "simulate", "demo")
 
@@ -217,6 +217,16 @@ def setup_logging(verbosity: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``kcms`` command; a :class:`~kcms.flags.StartupError` ends it with its message, exit 1."""
+    try:
+        return _main(argv)
+    except StartupError as e:
+        command = (sys.argv[1:] if argv is None else list(argv))[:1]
+        print(f"kcms {' '.join(command)}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     if words and words[0] == "top":  # the kubectl plugin's client only: no server module is imported
         from kcms.kubectl import main as plugin_main
