@@ -256,6 +256,23 @@ META_DEFINITIONS: dict[str, Any] = {
 }
 
 
+def list_definition(package: str, item: str, gvk: list[dict[str, str]]) -> dict[str, Any]:
+    """The Swagger 2.0 definition of a Kubernetes list kind whose items are ``<package>.<item>``;
+    ``gvk`` is its ``x-kubernetes-group-version-kind`` (the list kind's)."""
+    return {
+        "description": f"A list of {item} objects.",
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"$ref": f"#/definitions/{_META}.ListMeta"},
+            "items": {"type": "array", "items": {"$ref": f"#/definitions/{package}.{item}"}},
+        },
+        "x-kubernetes-group-version-kind": gvk,
+    }
+
+
 def query_parameter(name: str, description: str) -> dict[str, Any]:
     """A string query parameter of a Swagger 2.0 operation."""
     return {"name": name, "in": "query", "type": "string", "uniqueItems": True, "description": description}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kcms.apis.custom.openapi import LABEL_SELECTOR, OBJECT_REFERENCE
-from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, query_parameter
+from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, list_definition, query_parameter
 
 _PKG = "io.kcms.history.v1alpha1"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
@@ -19,18 +19,7 @@ def _gvk(kind: str) -> list[dict]:
 
 
 def _list(kind: str, item: str) -> dict:
-    return {
-        "description": f"A list of {item} objects.",
-        "type": "object",
-        "required": ["items"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"$ref": f"#/definitions/{_META}.ListMeta"},
-            "items": {"type": "array", "items": {"$ref": f"#/definitions/{_PKG}.{item}"}},
-        },
-        "x-kubernetes-group-version-kind": _gvk(kind),
-    }
+    return list_definition(_PKG, item, _gvk(kind))
 
 
 _COMMON = {
