@@ -14,10 +14,12 @@ Field selectors follow ``k8s.io/apimachinery/pkg/fields.ParseSelector``: comma-s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "object_filter",
     "FieldRequirement",
     "FieldSelector",
     "LabelSelector",
@@ -425,3 +427,22 @@ def parse_field_selector(text: str, allowed: set[str] | frozenset[str]) -> Field
             raise SelectorError(f"field label not supported: {_shown(field)}")
         reqs.append(FieldRequirement(field, op, value))
     return FieldSelector(tuple(reqs))
+
+
+def object_filter(
+    labels: LabelSelector, fields: FieldSelector, namespaced: bool
+) -> Callable[[Any], bool] | None:
+    """The filter of a ``labelSelector`` and a ``fieldSelector`` (``metadata.name``,
+    ``metadata.namespace``) over inventory records (``.labels``, ``.name``, ``.namespace``: pods
+    when ``namespaced``, nodes otherwise); None when both accept everything."""
+    if labels.empty and fields.empty:
+        return None
+
+    def keep(obj: Any) -> bool:
+        if not labels.empty and not labels.matches(obj.labels):
+            return False
+        return fields.empty or fields.matches(
+            {"metadata.name": obj.name, "metadata.namespace": obj.namespace if namespaced else ""}
+        )
+
+    return keep

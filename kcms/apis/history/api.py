@@ -33,6 +33,7 @@ from kcms.selectors import (
     FieldSelector,
     LabelSelector,
     SelectorError,
+    object_filter,
     parse_field_selector,
     parse_label_selector,
 )
@@ -126,20 +127,6 @@ def parse_since(text: str | None) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise bad_request(f'since: "{text[:MAX_SINCE_TEXT]}" is not a positive duration such as 5m or 90s')
     return seconds
-
-
-def _keep(labels: LabelSelector, fields: FieldSelector, namespaced: bool) -> Callable[[Any], bool] | None:
-    if labels.empty and fields.empty:
-        return None
-
-    def keep(obj: Any) -> bool:
-        if not labels.empty and not labels.matches(obj.labels):
-            return False
-        return fields.empty or fields.matches(
-            {"metadata.name": obj.name, "metadata.namespace": obj.namespace if namespaced else ""}
-        )
-
-    return keep
 
 
 def _resource_of(path: str) -> str:
@@ -278,7 +265,7 @@ class HistoryAPI:
             nodes: list[NodeInfo] = [one] if one is not None else []
         else:
             nodes = list(self.inventory.nodes())
-        keep = _keep(labels, fields, namespaced=False)
+        keep = object_filter(labels, fields, namespaced=False)
         fmt = convert.TimeCache()
         created = fmt(time.time())
 
@@ -325,7 +312,7 @@ class HistoryAPI:
             pods = [one] if one is not None else []
         else:
             pods = list(self.inventory.pods(namespace))
-        keep = _keep(labels, fields, namespaced=True)
+        keep = object_filter(labels, fields, namespaced=True)
         fmt = convert.TimeCache()
         created = fmt(time.time())
 
@@ -373,7 +360,7 @@ class HistoryAPI:
 
     async def list_scrapes(self, request: web.Request) -> web.Response:
         labels, fields, _ = self._params(request)
-        items = self._scrape_items(_keep(labels, fields, namespaced=False))
+        items = self._scrape_items(object_filter(labels, fields, namespaced=False))
         return respond(request, convert.object_list("ScrapeStatusList", items), table=SCRAPE_TABLE)
 
     async def get_scrape(self, request: web.Request) -> web.Response:

@@ -9,8 +9,7 @@ collector shares. ``Table`` output and single objects are built as dicts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 from aiohttp import web
 
@@ -22,9 +21,8 @@ from kcms.apiserver.responses import negotiate
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import (
-    FieldSelector,
-    LabelSelector,
     SelectorError,
+    object_filter,
     parse_field_selector,
     parse_label_selector,
 )
@@ -74,21 +72,6 @@ POD_TABLE = TableConverter(
         o["window"],
     ],
 )
-
-
-def _keep(labels: LabelSelector, fields: FieldSelector, namespaced: bool) -> Callable[[Any], bool] | None:
-    """The selector filter of a pod (``namespaced``) or a node; None when the selectors accept all."""
-    if labels.empty and fields.empty:
-        return None
-
-    def keep(obj: Any) -> bool:
-        if not labels.empty and not labels.matches(obj.labels):
-            return False
-        return fields.empty or fields.matches(
-            {"metadata.name": obj.name, "metadata.namespace": obj.namespace if namespaced else ""}
-        )
-
-    return keep
 
 
 class MetricsAPI:
@@ -152,7 +135,7 @@ class MetricsAPI:
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         store = await self._view("nodes", None, None if name is None else [name])
-        keep = _keep(labels, fields, namespaced=False)
+        keep = object_filter(labels, fields, namespaced=False)
         if negotiate(request.headers.get("Accept")).table_version is None:
             chunks = self.renderer.nodes(nodes, store.node_usage, now, keep, created)
             return await list_response(request, "NodeMetricsList", chunks)
@@ -191,7 +174,7 @@ class MetricsAPI:
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         store = await self._view("pods", namespace, None if name is None or namespace is None else [name])
-        keep = _keep(labels, fields, namespaced=True)
+        keep = object_filter(labels, fields, namespaced=True)
         if negotiate(request.headers.get("Accept")).table_version is None:
             snapshot = store is not self.store  # new usage objects per request: compare values
             chunks = self.renderer.pods(pods, store.pod_usage, now, keep, created, by_value=snapshot)
