@@ -9,9 +9,9 @@ is the union of what they list.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kcms.model import Labels, ObjectRef
 from kcms.selectors import LabelSelector
@@ -29,6 +29,7 @@ __all__ = [
     "StoreProvider",
     "custom_metric_infos",
     "external_metric_names",
+    "first_with_values",
 ]
 
 EVERYTHING = LabelSelector()  # the selector that matches every series
@@ -120,6 +121,25 @@ def custom_metric_infos(
 def external_metric_names(pairs: Iterable[tuple[str, str]]) -> list[str]:
     """External metric names for stored ``(resource, series name)`` pairs (resource "")."""
     return [name for resource, metric in pairs if not resource for name in _with_rates(metric)]
+
+
+async def first_with_values(
+    providers: Sequence[Any], call: Callable[[Any], Awaitable[list[MetricValue]]]
+) -> list[MetricValue]:
+    """Ask ``providers`` in order; the first with values answers. When none has values and one
+    found the metric name malformed, re-raise the first such ``ValueError``."""
+    problem: ValueError | None = None
+    for provider in providers:
+        try:
+            values = await call(provider)
+        except ValueError as e:
+            problem = problem or e
+            continue
+        if values:
+            return values
+    if problem is not None:
+        raise problem
+    return []
 
 
 class StoreProvider:

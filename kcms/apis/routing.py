@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
-from kcms.apis.provider import MetricInfo, MetricValue
+from kcms.apis.provider import MetricInfo, MetricValue, first_with_values
 from kcms.apiserver.responses import json_response
 from kcms.selectors import LabelSelector
 
@@ -201,22 +201,8 @@ class MetricRouter:
         )
 
     async def _first_with_values(self, method: str, call: Callable[[Any], Any]) -> list[MetricValue]:
-        """Ask the sources that have ``method`` in order; the first with values answers. When none
-        has values, re-raise the first ``ValueError`` (a malformed name), as the API expects."""
-        problem: ValueError | None = None
-        for _, provider in self.sources:
-            if not hasattr(provider, method):
-                continue
-            try:
-                values = await call(provider)
-            except ValueError as e:
-                problem = problem or e
-                continue
-            if values:
-                return values
-        if problem is not None:
-            raise problem
-        return []
+        """Ask the sources that have ``method`` in order (:func:`first_with_values`)."""
+        return await first_with_values([p for _, p in self.sources if hasattr(p, method)], call)
 
     # ---- the debug endpoint --------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from kcms.apis.objects import (
     ResourceInfo,
     guess_info,
 )
-from kcms.apis.provider import CustomMetricsProvider, MetricValue
+from kcms.apis.provider import CustomMetricsProvider, MetricValue, first_with_values
 from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, respond
 from kcms.selectors import LabelSelector, SelectorError, parse_label_selector
 
@@ -85,18 +85,10 @@ def parse_selector(request: web.Request, param: str) -> LabelSelector:
 async def query_providers(providers: Sequence[Any], call: Callable[[Any], Any]) -> list[MetricValue]:
     """Ask providers in order; the first with values answers. When none has values and one found
     the metric name malformed (``ValueError``), answer 400 with its reason."""
-    problem: ValueError | None = None
-    for provider in providers:
-        try:
-            values = await call(provider)
-        except ValueError as e:
-            problem = problem or e
-            continue
-        if values:
-            return values
-    if problem is not None:
-        raise bad_request(str(problem))
-    return []
+    try:
+        return await first_with_values(providers, call)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
 
 
 class CustomMetricsAPI:
