@@ -25,13 +25,11 @@ from kcms.model import ObjectRef
 from kcms.sim import SimulatedCluster
 from kcms.store.series import SeriesStore
 
-T = time.time()
-
-
 def _store(points: list[tuple[str, ObjectRef, float]]) -> StoreProvider:
     series = SeriesStore(retention=600, stale_after=300, default_window=60)
+    now = time.time()  # at the call: a time taken at import is stale when the suite runs long
     for metric, obj, value in points:
-        series.append(metric, obj, (), T, value)
+        series.append(metric, obj, (), now, value)
     return StoreProvider(series, lambda resource: resource != "nodes")
 
 
