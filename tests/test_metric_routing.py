@@ -25,6 +25,7 @@ from kcms.model import ObjectRef
 from kcms.sim import SimulatedCluster
 from kcms.store.series import SeriesStore
 
+
 def _store(points: list[tuple[str, ObjectRef, float]]) -> StoreProvider:
     series = SeriesStore(retention=600, stale_after=300, default_window=60)
     now = time.time()  # at the call: a time taken at import is stale when the suite runs long
