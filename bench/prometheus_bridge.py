@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 from fakeobjects import make_node, make_pod  # noqa: E402
 from resource_client import Client, tree_memory  # noqa: E402
-from resource_pipeline import free_port, log, pct, wait_for_line  # noqa: E402
+from resource_pipeline import ProcessRun, free_port, log, pct, wait_for_line  # noqa: E402
 
 from kcms.sim.prometheus import RealPrometheus, SimExporter, ThreadedExporter  # noqa: E402
 
@@ -88,27 +88,15 @@ def quantiles(samples_s: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(ms), "p99_ms": pct(ms, 0.99), "max_ms": max(ms), "n": len(ms)}
 
 
-class Run:
+class Run(ProcessRun):
     """One series count: its processes and figures."""
 
     def __init__(self, args: argparse.Namespace, series: int, work: Path, ca: trustme.CA) -> None:
-        self.args, self.series, self.work, self.ca = args, series, work, ca
-        me = ca.issue_cert("kcms-bench", common_name="kcms-bench", organization_name="system:masters")
-        self.cert_chain = str(work / "client.pem")
-        me.private_key_and_cert_chain_pem.write_to_path(self.cert_chain)
-        self.procs: list[subprocess.Popen] = []
+        super().__init__(work, ca)
+        self.args, self.series = args, series
         self.exporter = SimExporter.bulk(series)
         self.r: dict = {"series": self.exporter.series_count, "pods": len(self.exporter.pods)}
         self.query_log = work / "query.log"
-
-    def spawn(self, cmd: list[str], **kw: object) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
-        self.procs.append(p)
-        return p
-
-    def kcms_died(self) -> SystemExit:
-        tail = (self.work / "kcms.log").read_text(errors="replace")[-3000:]
-        return SystemExit(f"kcms exited {self.server.returncode}; its log ends:\n{tail}")
 
     # ---- processes ---------------------------------------------------------------------------------
 
@@ -150,14 +138,7 @@ class Run:
         self.client = Client("127.0.0.1", self.port, self.cert_chain)
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        super().stop()
         if hasattr(self, "prom"):
             self.prom.stop()
         if hasattr(self, "served"):

@@ -95,16 +95,17 @@ def served_pct(body: bytes, inventory: set[tuple[str, str]]) -> float:
     return 100.0 * len(listed & inventory) / len(inventory) if inventory else float("nan")
 
 
-class Run:
-    """One cluster size: its processes, client and figures."""
+class ProcessRun:
+    """The processes of one benchmark run (the child processes it spawned, stopped in reverse) and
+    a client certificate in ``system:masters`` for reading KCMS; bench/prometheus_bridge.py's runs
+    are one too."""
 
-    def __init__(self, args: argparse.Namespace, nodes: int, work: Path, ca: trustme.CA) -> None:
-        self.args, self.nodes, self.work, self.ca = args, nodes, work, ca
+    def __init__(self, work: Path, ca: trustme.CA) -> None:
+        self.work, self.ca = work, ca
         me = ca.issue_cert("kcms-bench", common_name="kcms-bench", organization_name="system:masters")
         self.cert_chain = str(work / "client.pem")
         me.private_key_and_cert_chain_pem.write_to_path(self.cert_chain)
         self.procs: list[subprocess.Popen] = []
-        self.r: dict = {"nodes": nodes, "pods_per_node": args.pods_per_node, "kcms_args": args.kcms_arg}
 
     def spawn(self, cmd: list[str], **kw: object) -> subprocess.Popen:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
@@ -123,7 +124,16 @@ class Run:
 
     def kcms_died(self) -> SystemExit:
         tail = (self.work / "kcms.log").read_text(errors="replace")[-3000:]
-        return SystemExit(f"kcms exited {self.server.returncode}; its log ends:\n{tail}")
+        return SystemExit(f"kcms exited {self.server.returncode}; its log ends:\n{tail}")  # type: ignore[attr-defined]
+
+
+class Run(ProcessRun):
+    """One cluster size: its processes, client and figures."""
+
+    def __init__(self, args: argparse.Namespace, nodes: int, work: Path, ca: trustme.CA) -> None:
+        super().__init__(work, ca)
+        self.args, self.nodes = args, nodes
+        self.r: dict = {"nodes": nodes, "pods_per_node": args.pods_per_node, "kcms_args": args.kcms_arg}
 
     # ---- processes -------------------------------------------------------------------------------
 
