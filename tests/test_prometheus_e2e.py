@@ -14,16 +14,15 @@ import contextlib
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 from _bridge_helpers import ADAPTER_CONFIG, RATE, close, exporter_objects, promql, write_config
 from _kubectl import KUBECTL, get_raw
+from _process_helpers import wait_readyz
 from _prometheus_helpers import prom_fixture  # noqa: F401 (the module's real Prometheus: `prom`)
 from _stores import free_port
 
@@ -71,21 +70,9 @@ async def _serving(tmp_path: Path, *argv: str):
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=err,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     try:
-        t0 = time.monotonic()
         async with aiohttp.ClientSession() as s:
-            while True:
-                try:
-                    async with s.get(f"https://127.0.0.1:{port}/readyz", ssl=ctx) as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                assert proc.returncode is None, log_path.read_text()
-                assert time.monotonic() - t0 < 60, "not ready within 60 s: " + log_path.read_text()
-                await asyncio.sleep(0.2)
+            await wait_readyz(s, port, proc, 60, log_path.read_text)
         yield _kubeconfig(tmp_path / f"kcms-{argv[0]}.kubeconfig", port), log_path
     finally:
         proc.send_signal(signal.SIGTERM)
