@@ -10,17 +10,19 @@ seconds, discovery for longer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kcms.kube.client import KubeAPIError, KubeClient
-from kcms.model import Inventory
-from kcms.selectors import LabelSelector
+from kcms.model import Inventory, NodeInfo, PodInfo
+from kcms.selectors import FieldSelector, LabelSelector
 
 __all__ = [
     "WELL_KNOWN",
     "guess_info",
+    "nodes_in_scope",
+    "pods_in_scope",
     "ObjectLabels",
     "ObjectLookupError",
     "ResourceInfo",
@@ -268,3 +270,27 @@ def _item_names(doc: Any) -> list[str]:
         if isinstance(name, str):
             out.append(name)
     return out
+
+
+def nodes_in_scope(inventory: Inventory, fields: FieldSelector) -> tuple[str | None, Iterable[NodeInfo]]:
+    """The nodes a list request is about: the one ``metadata.name=`` names (a point lookup; none if
+    unknown), else every node. Returns (that name or None, the nodes)."""
+    name = fields.required_value("metadata.name")
+    if name is None:
+        return None, inventory.nodes()
+    one = inventory.node(name)
+    return name, [one] if one is not None else []
+
+
+def pods_in_scope(
+    inventory: Inventory, path_namespace: str | None, fields: FieldSelector
+) -> tuple[str | None, str | None, Iterable[PodInfo]]:
+    """The pods a list request is about: its path's namespace (or ``metadata.namespace=``; None: all
+    namespaces), and with ``metadata.name=`` too, that one pod (a point lookup). Returns (namespace,
+    name, the pods)."""
+    namespace = path_namespace or fields.required_value("metadata.namespace")
+    name = fields.required_value("metadata.name")
+    if namespace is not None and name is not None:
+        one = inventory.pod(namespace, name)
+        return namespace, name, [one] if one is not None else []
+    return namespace, name, inventory.pods(namespace)

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 import orjson
@@ -24,6 +24,7 @@ from aiohttp import web
 
 from kcms.apis.history import convert
 from kcms.apis.history.openapi import DEFINITIONS, PATHS
+from kcms.apis.objects import nodes_in_scope, pods_in_scope
 from kcms.apiserver import APIGroupVersion, TableConverter, bad_request, not_found, respond
 from kcms.apiserver.responses import bytes_response_async, negotiate, stream_response
 from kcms.collector.status import ScrapeStatus
@@ -259,12 +260,8 @@ class HistoryAPI:
 
     async def list_nodes(self, request: web.Request) -> web.StreamResponse:
         labels, fields, oldest = self._params(request)
-        name = fields.required_value("metadata.name")
-        if name is not None:
-            one = self.inventory.node(name)
-            nodes: list[NodeInfo] = [one] if one is not None else []
-        else:
-            nodes = list(self.inventory.nodes())
+        _, in_scope = nodes_in_scope(self.inventory, fields)
+        nodes = list(in_scope)
         keep = object_filter(labels, fields, namespaced=False)
         fmt = convert.TimeCache()
         created = fmt(time.time())
@@ -304,14 +301,8 @@ class HistoryAPI:
 
     async def list_pods(self, request: web.Request) -> web.StreamResponse:
         labels, fields, oldest = self._params(request)
-        namespace = request.match_info.get("namespace") or fields.required_value("metadata.namespace")
-        name = fields.required_value("metadata.name")
-        pods: Iterable[PodInfo]
-        if namespace is not None and name is not None:
-            one = self.inventory.pod(namespace, name)
-            pods = [one] if one is not None else []
-        else:
-            pods = list(self.inventory.pods(namespace))
+        _, _, in_scope = pods_in_scope(self.inventory, request.match_info.get("namespace"), fields)
+        pods = list(in_scope)
         keep = object_filter(labels, fields, namespaced=True)
         fmt = convert.TimeCache()
         created = fmt(time.time())

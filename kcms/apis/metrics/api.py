@@ -9,16 +9,16 @@ collector shares. ``Table`` output and single objects are built as dicts
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 from aiohttp import web
 
 from kcms.apis.metrics import convert
 from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
 from kcms.apis.metrics.render import ListRenderer, list_response
+from kcms.apis.objects import nodes_in_scope, pods_in_scope
 from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, not_found, respond
 from kcms.apiserver.responses import negotiate
-from kcms.model import Inventory, NodeInfo, PodInfo
+from kcms.model import Inventory
 from kcms.quantity import format_bytes, format_cpu_nanocores, parse_quantity
 from kcms.selectors import (
     SelectorError,
@@ -126,12 +126,7 @@ class MetricsAPI:
 
     async def list_nodes(self, request: web.Request) -> web.StreamResponse:
         labels, fields = self._selectors(request)
-        name = fields.required_value("metadata.name")
-        if name is not None:
-            one = self.inventory.node(name)
-            nodes: Iterable[NodeInfo] = [one] if one is not None else []
-        else:
-            nodes = self.inventory.nodes()
+        name, nodes = nodes_in_scope(self.inventory, fields)
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         store = await self._view("nodes", None, None if name is None else [name])
@@ -163,14 +158,7 @@ class MetricsAPI:
 
     async def list_pods(self, request: web.Request) -> web.StreamResponse:
         labels, fields = self._selectors(request)
-        namespace = request.match_info.get("namespace") or fields.required_value("metadata.namespace")
-        name = fields.required_value("metadata.name")
-        pods: Iterable[PodInfo]
-        if namespace is not None and name is not None:
-            one = self.inventory.pod(namespace, name)
-            pods = [one] if one is not None else []
-        else:
-            pods = self.inventory.pods(namespace)
+        namespace, name, pods = pods_in_scope(self.inventory, request.match_info.get("namespace"), fields)
         now = time.monotonic()
         created = convert.TimeFormatter()(time.time())
         store = await self._view("pods", namespace, None if name is None or namespace is None else [name])
