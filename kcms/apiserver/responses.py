@@ -398,3 +398,32 @@ def respond(
 def status_response(request: web.Request | None, err: StatusError) -> web.Response:
     """The JSON response for a :class:`StatusError`."""
     return json_response(request, err.status(), status=err.code)
+
+
+async def list_body_response(
+    request: web.Request, head: bytes, items: AsyncIterator[bytes], *, stream_above: int, tail: bytes = b"]}"
+) -> web.StreamResponse:
+    """A JSON list made of ``head``, the comma-joined item bytes ``items`` yields in chunks, and
+    ``tail``: joined and sent (:func:`bytes_response_async`) while the items stay within
+    ``stream_above`` bytes, else streamed (:func:`stream_response`) from what was read so far."""
+    parts = [head]
+    size = 0
+    async for chunk in items:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > stream_above:
+            break
+    else:
+        parts.append(tail)
+        return await bytes_response_async(request, b"".join(parts))
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            yield b"".join(parts)
+            async for chunk in items:
+                yield chunk
+            yield tail
+        finally:
+            await items.aclose()  # type: ignore[attr-defined]
+
+    return await stream_response(request, rest())

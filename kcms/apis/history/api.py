@@ -26,7 +26,7 @@ from kcms.apis.history import convert
 from kcms.apis.history.openapi import DEFINITIONS, PATHS
 from kcms.apis.objects import nodes_in_scope, pods_in_scope
 from kcms.apiserver import APIGroupVersion, TableConverter, bad_request, not_found, respond
-from kcms.apiserver.responses import bytes_response_async, negotiate, stream_response
+from kcms.apiserver.responses import list_body_response, negotiate
 from kcms.collector.status import ScrapeStatus
 from kcms.flags import parse_duration
 from kcms.model import Inventory, NodeInfo, PodInfo
@@ -164,28 +164,7 @@ async def list_response(request: web.Request, kind: str, items: Iterator[dict]) 
                 await asyncio.sleep(0)  # let scrapes and other requests run between chunks
         yield b"".join(parts)
 
-    gen = chunks()
-    parts = [_list_head(kind)]
-    size = 0
-    async for chunk in gen:
-        parts.append(chunk)
-        size += len(chunk)
-        if size > STREAM_BYTES:
-            break
-    else:
-        parts.append(b"]}")
-        return await bytes_response_async(request, b"".join(parts))
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            yield b"".join(parts)
-            async for chunk in gen:
-                yield chunk
-            yield b"]}"
-        finally:
-            await gen.aclose()
-
-    return await stream_response(request, rest())
+    return await list_body_response(request, _list_head(kind), chunks(), stream_above=STREAM_BYTES)
 
 
 class HistoryAPI:

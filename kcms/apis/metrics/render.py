@@ -39,7 +39,7 @@ import orjson
 from aiohttp import web
 
 from kcms.apis.metrics.convert import API_VERSION, TimeFormatter, go_duration
-from kcms.apiserver.responses import bytes_response_async, stream_response
+from kcms.apiserver.responses import list_body_response
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
 from kcms.store.resource import PodUsage, Usage
@@ -58,7 +58,6 @@ _POD_LIST_HEAD = (
 _NODE_LIST_HEAD = (
     b'{"kind":"NodeMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
 )
-_LIST_TAIL = b"]}"
 
 _dumps = orjson.dumps
 
@@ -141,27 +140,7 @@ def node_usage_fragment(usage: Usage, texts: _Texts, fmt: TimeFormatter) -> byte
 async def list_response(request: web.Request, kind: str, chunks: AsyncIterator[bytes]) -> web.StreamResponse:
     """The ``<kind>`` list of the items in ``chunks``: joined and sent when small, streamed when not."""
     head = _POD_LIST_HEAD if kind == "PodMetricsList" else _NODE_LIST_HEAD
-    parts = [head]
-    size = 0
-    async for chunk in chunks:
-        parts.append(chunk)
-        size += len(chunk)
-        if size > STREAM_BYTES:
-            break
-    else:
-        parts.append(_LIST_TAIL)
-        return await bytes_response_async(request, b"".join(parts))
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            yield b"".join(parts)
-            async for chunk in chunks:
-                yield chunk
-            yield _LIST_TAIL
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
-    return await stream_response(request, rest())
+    return await list_body_response(request, head, chunks, stream_above=STREAM_BYTES)
 
 
 class ListRenderer:
