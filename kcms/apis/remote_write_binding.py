@@ -25,6 +25,7 @@ from kcms.model import Labels, ObjectRef
 from kcms.sources.remote_write import LabelKey, RawSeries, parse_labels
 
 from .objects import WELL_KNOWN
+from .prometheus.resources import GroupResource
 from .pushauth import Target
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,6 @@ NO_OBJECT = "no_object"
 NO_RULE = "no_rule"
 
 
-class GroupResourceLike(Protocol):
-    group: str
-    resource: str
-
-
 class ResourceMapper(Protocol):
     """The part of prometheus-adapter's label association used here
     (``kcms.apis.prometheus.resources.ResourceMapper``, or :class:`DefaultResources`)."""
@@ -64,15 +60,6 @@ class ResourceMapper(Protocol):
     def label_for(self, gr: Any) -> str | None: ...
 
     def resources_in(self, labels: Mapping[str, str]) -> Sequence[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _GroupResource:
-    group: str
-    resource: str
-
-    def __str__(self) -> str:
-        return f"{self.resource}.{self.group}" if self.group else self.resource
 
 
 class DefaultResources:
@@ -85,20 +72,20 @@ class DefaultResources:
     namespaced = True
 
     def __init__(self) -> None:
-        self._by_label: dict[str, _GroupResource] = {}
+        self._by_label: dict[str, GroupResource] = {}
         for info in WELL_KNOWN.values():
             if (info.group, info.resource) == ("batch", "jobs"):
                 continue
-            self._by_label[info.kind.lower()] = _GroupResource(info.group, info.resource)
+            self._by_label[info.kind.lower()] = GroupResource(info.group, info.resource)
         self._labels = {gr: label for label, gr in self._by_label.items()}
 
     def label_for(self, gr: Any) -> str | None:
-        return self._labels.get(_GroupResource(gr.group, gr.resource))
+        return self._labels.get(GroupResource(gr.group, gr.resource))
 
-    def resource_for_label(self, label: str) -> _GroupResource | None:
+    def resource_for_label(self, label: str) -> GroupResource | None:
         return self._by_label.get(label)
 
-    def resources_in(self, labels: Mapping[str, str]) -> list[_GroupResource]:
+    def resources_in(self, labels: Mapping[str, str]) -> list[GroupResource]:
         by_label = self._by_label
         return [by_label[k] for k in labels if k in by_label]
 
