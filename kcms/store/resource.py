@@ -29,7 +29,7 @@ for up to 0.8 s.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -199,6 +199,7 @@ class ResourceStore:
         old_pods = entry.pods
         new_pods: dict[PodKey, dict[str, _Pair]] = {}
         pod_node = self._pod_node
+        moved_from: set[str] = set()
         for key, containers in batch.pods.items():
             old_containers = old_pods.get(key)
             pairs: dict[str, _Pair] = {}
@@ -218,12 +219,20 @@ class ResourceStore:
                 prev = _previous_for(new, old, resolution)
                 pairs[name] = (new, self._checked(new, old, prev, counts))
             new_pods[key] = pairs
-            pod_node[key] = node
+            owner = pod_node.get(key)
+            if owner != node:
+                pod_node[key] = node
+                if owner is not None:  # the pod moved here: the other node's view changed too
+                    moved_from.add(owner)
         for key in old_pods.keys() - new_pods.keys():
             if pod_node.get(key) == node:
                 del pod_node[key]
         entry.pods = new_pods
         entry.usage = {}
+        for other in moved_from:
+            other_entry = self._nodes.get(other)
+            if other_entry is not None:
+                other_entry.usage = {}
         if self.history is not None:
             self.history.record(node, entry.last, entry.prev, new_pods)
         for reason, n in counts.items():
@@ -343,6 +352,22 @@ class ResourceStore:
             if timestamp == 0.0 or at < timestamp:
                 timestamp, window = at, span
         return PodUsage(timestamp, window, tuple(containers))
+
+    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object, Iterable[PodKey]]]:
+        """``(node, token, pod keys)`` for every node whose readings are fresh, in store order.
+
+        ``token`` is the same object until the node's pods or readings change (a new scrape of
+        the node, or one of its pods moving to another node's scrape): a list renderer caches a
+        node's rendered pods under it. The keys may include pods whose readings now belong to
+        another node (:meth:`pod_node` tells) and pods without a usable rate
+        (:meth:`pod_usage` returns None for them)."""
+        now = time.monotonic() if now is None else now
+        max_age = self.max_age
+        return [
+            (node, entry.usage, entry.pods.keys())
+            for node, entry in self._nodes.items()
+            if now - entry.received <= max_age
+        ]
 
     def node_names(self) -> list[str]:
         return list(self._nodes)
