@@ -1,0 +1,144 @@
+"""The list of every pod made of node blocks (kcms.apis.metrics.render.ListRenderer.all_pods) serves
+exactly what the per-pod path serves, whatever happens between two lists: new scrapes, pods
+added, relabelled, no longer Running or deleted in the inventory, pods moving to another node's
+scrape, nodes forgotten. Byte for byte the dict path's JSON, node by node in the store's order,
+each pod once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_metrics_list_render import HOSTILE, POD_HEAD, MutableInventory, collect, pod_info
+
+from kcms.apis.metrics import convert, render
+from kcms.model import NodeBatch, ResourcePoint
+from kcms.store.resource import ResourceStore
+
+NODES = ["n0", "n1", "n2"]
+PODS = [(("a", "b", HOSTILE)[i % 3], f"p{i}") for i in range(8)]
+START = 1.7e9
+CREATED = "2026-05-01T10:00:00Z"
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("scrape"), st.integers(0, 2), st.sets(st.integers(0, 7)), st.integers(1, 2)),
+        st.tuples(
+            st.just("put"),
+            st.integers(0, 7),
+            st.sampled_from([{}, {"app": "web"}, {"app": HOSTILE}]),
+            st.sampled_from(["Running", "Running", "Pending"]),
+        ),
+        st.tuples(st.just("delete"), st.integers(0, 7)),
+        st.tuples(st.just("forget"), st.integers(0, 2)),
+        st.tuples(st.just("list")),
+    ),
+    max_size=40,
+)
+
+
+def scrape(node: str, keys: set[int], containers: int, t: float) -> NodeBatch:
+    batch = NodeBatch(node, ResourcePoint(START - 3600, t, int(1e9 * (t - START + 3600)), 2**30))
+    for i in sorted(keys):
+        batch.pods[PODS[i]] = {
+            f"c{c}": ResourcePoint(START - 3600, t, int((i + 1) * (c + 1) * 1e7 * (t - START + 3600)), 4096 * (i + 1))
+            for c in range(containers)
+        }  # fmt: skip
+    return batch
+
+
+def reference(store: ResourceStore, inv: MutableInventory, now: float) -> tuple[bytes, set]:
+    """The items the per-pod rules serve, in node-block order; and, independently of any order,
+    which pods the per-pod path would list."""
+    fmt = convert.TimeFormatter()
+    items = []
+    for node, _, keys in store.pod_blocks(now):
+        for namespace, name in keys:
+            pod = inv.pod(namespace, name)
+            if store.pod_node(namespace, name) != node or pod is None or pod.phase != "Running":
+                continue
+            usage = store.pod_usage(namespace, name, now)
+            if usage is not None:
+                items.append(convert.pod_metrics(pod, convert.pod_usage_body(usage, fmt), CREATED))
+    per_pod = {
+        (p.namespace, p.name)
+        for p in inv.pods()
+        if p.phase == "Running" and store.pod_usage(p.namespace, p.name, now) is not None
+    }
+    return orjson.dumps(convert.object_list("PodMetricsList", items)), per_pod
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations)
+def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {"app": "web"}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = render.ListRenderer(inv)
+    t = START
+    lists = 0
+    for op in [*ops, ("list",)]:
+        if op[0] == "scrape":
+            t += 15.0
+            store.store(scrape(NODES[op[1]], op[2], op[3], t))
+        elif op[0] == "put":
+            namespace, name = PODS[op[1]]
+            inv.put_pod(pod_info(namespace, name, op[2], phase=op[3]))
+        elif op[0] == "delete":
+            inv.pod_map.pop(PODS[op[1]], None)
+        elif op[0] == "forget":
+            store.forget_node(NODES[op[1]])
+        else:
+            now = time.monotonic()
+            got = asyncio.run(collect(POD_HEAD, renderer.all_pods(store, now, CREATED)))
+            expected, per_pod = reference(store, inv, now)
+            assert got == expected
+            names = [
+                (i["metadata"].get("namespace", ""), i["metadata"]["name"])
+                for i in orjson.loads(got)["items"]
+            ]
+            assert len(names) == len(set(names)) and set(names) == per_pod
+            lists += 1
+    assert lists >= 1
+
+
+def test_a_pod_moving_to_another_node_is_listed_once_with_its_new_readings():
+    inv = MutableInventory()
+    inv.put_pod(pod_info("a", "p0", {}))  # PODS[0]
+    inv.put_pod(pod_info("b", "p1", {}))  # PODS[1]
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = render.ListRenderer(inv)
+
+    def listed() -> dict:
+        body = asyncio.run(collect(POD_HEAD, renderer.all_pods(store, time.monotonic(), CREATED)))
+        items = orjson.loads(body)["items"]
+        by_name = {i["metadata"]["name"]: i for i in items}
+        assert len(by_name) == len(items)  # each pod once
+        return by_name
+
+    for t in (START, START + 15):
+        store.store(scrape("n0", {0, 1}, 1, t))
+    assert set(listed()) == {"p0", "p1"}
+    before = listed()["p0"]["containers"]
+    # p0 is recreated on n1 (a StatefulSet pod keeps its name): n1's scrapes carry it, n0's
+    # next scrape has not come yet
+    for t in (START + 20, START + 35):
+        batch = scrape("n1", {0}, 1, t)
+        batch.pods[PODS[0]]["c0"] = ResourcePoint(START + 10, t, int(5e8 * (t - START - 10)), 1 << 20)
+        store.store(batch)
+    items = listed()
+    assert set(items) == {"p0", "p1"}  # once, not from both nodes
+    assert items["p0"]["containers"] != before and items["p0"]["containers"][0]["usage"]["memory"] == "1Mi"
+    # relabelled in the inventory: the block is rendered again
+    inv.put_pod(dataclasses.replace(inv.pod("a", "p0"), labels={"moved": "yes"}))
+    assert listed()["p0"]["metadata"]["labels"] == {"moved": "yes"}
+    # gone from the inventory: gone from the list; forgotten node: its pods too
+    inv.pod_map.pop(("b", "p1"))
+    assert set(listed()) == {"p0"}
+    store.forget_node("n1")
+    assert listed() == {}
