@@ -7,10 +7,7 @@ or raise :class:`StatusError`, which the server's middleware turns into a ``Stat
 from __future__ import annotations
 
 import asyncio
-import functools
-import gzip
 import logging
-import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +17,17 @@ from aiohttp import web
 
 from kcms.limits import printable
 from kcms.statusbody import status_object
+
+try:
+    # ISA-L's deflate: a 36 MB pod list compressed in 27-29 ms at level 1 here, zlib's level 2 took
+    # 211 ms and its output was 14 % larger; it releases the GIL like zlib (two threads: 34 ms).
+    from isal import isal_zlib as _deflate
+
+    GZIP_LEVEL = 1
+except ImportError:  # a platform without isal wheels: the standard library's zlib
+    import zlib as _deflate  # type: ignore[no-redef]
+
+    GZIP_LEVEL = 2
 
 JSON = "application/json"
 GZIP_MIN_BYTES = 1024
@@ -275,6 +283,17 @@ def _accepts_gzip(request: web.Request) -> bool:
     return "gzip" in request.headers.get("Accept-Encoding", "").lower()
 
 
+def gzip_compressor() -> Any:
+    """A compressor of one gzip stream (``compress`` pieces, then ``flush``), at :data:`GZIP_LEVEL`."""
+    return _deflate.compressobj(GZIP_LEVEL, _deflate.DEFLATED, 31)  # 31: gzip framing
+
+
+def gzip_bytes(body: bytes) -> bytes:
+    """``body`` as one gzip stream (header mtime 0)."""
+    compressor = gzip_compressor()
+    return compressor.compress(body) + compressor.flush()
+
+
 def bytes_response(
     request: web.Request | None,
     body: bytes,
@@ -286,16 +305,14 @@ def bytes_response(
     """A response with a ready body, gzip-encoded when accepted and larger than :data:`GZIP_MIN_BYTES`."""
     hdrs = _response_headers(content_type, headers)
     if request is not None and len(body) > GZIP_MIN_BYTES and _accepts_gzip(request):
-        body = gzip.compress(body, compresslevel=4)
+        body = gzip_bytes(body)
         _gzip_headers(hdrs)
     return web.Response(body=body, status=status, headers=hdrs)
 
 
-# Bodies above this are gzip-compressed in a worker thread (zlib releases the GIL): a 56 MB list
-# of 150 000 pods took 1.2 s at level 4 in the event loop (bench/list_render.py). On an 11 MB pod
-# list level 1 and 2 both ran at ~315 MB/s (ratio 6.3 and 6.7), level 4 at 200 MB/s (7.1).
+# Bodies above this are gzip-compressed in a worker thread (the compressor releases the GIL): a
+# 56 MB list of 150 000 pods took 1.2 s with zlib at level 4 in the event loop (bench/list_render.py).
 GZIP_OFFLOAD_BYTES = 256 * 1024
-GZIP_OFFLOAD_LEVEL = 2
 
 
 async def bytes_response_async(
@@ -307,12 +324,11 @@ async def bytes_response_async(
     headers: dict[str, str] | None = None,
 ) -> web.Response:
     """:func:`bytes_response`, but a body above :data:`GZIP_OFFLOAD_BYTES` that the client accepts
-    gzipped is compressed in a worker thread at :data:`GZIP_OFFLOAD_LEVEL`, not in the event loop."""
+    gzipped is compressed in a worker thread, not in the event loop."""
     if len(body) <= GZIP_OFFLOAD_BYTES or not _accepts_gzip(request):
         return bytes_response(request, body, status=status, content_type=content_type, headers=headers)
     hdrs = _response_headers(content_type, headers)
-    compress = functools.partial(gzip.compress, body, compresslevel=GZIP_OFFLOAD_LEVEL, mtime=0)
-    body = await asyncio.get_running_loop().run_in_executor(None, compress)
+    body = await asyncio.get_running_loop().run_in_executor(None, gzip_bytes, body)
     _gzip_headers(hdrs)
     return web.Response(body=body, status=status, headers=hdrs)
 
@@ -327,13 +343,13 @@ async def stream_response(
     """A 200 whose body is ``chunks`` sent as they come (chunked transfer encoding), for bodies too
     large to build and then write in one go: the producer runs at the pace of the socket, the loop
     is free between chunks, and no whole body is held in memory. When the client accepts gzip, each
-    chunk is compressed (one gzip stream, :data:`GZIP_OFFLOAD_LEVEL`) in a worker thread while the
+    chunk is compressed (one gzip stream, :func:`gzip_compressor`) in a worker thread while the
     next one is produced. Returns the response already sent; ``chunks`` is closed in every case.
     """
     hdrs = _response_headers(content_type, headers)
     compressor = None
     if _accepts_gzip(request):
-        compressor = zlib.compressobj(GZIP_OFFLOAD_LEVEL, zlib.DEFLATED, 31)  # 31: gzip framing
+        compressor = gzip_compressor()
         _gzip_headers(hdrs)
     resp = web.StreamResponse(status=200, headers=hdrs)
     loop = asyncio.get_running_loop()
