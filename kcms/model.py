@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(slots=True)
@@ -86,6 +86,17 @@ class Inventory(Protocol):
     def pods(self, namespace: str | None = None) -> Iterable[PodInfo]: ...
 
     def pod(self, namespace: str, name: str) -> PodInfo | None: ...
+
+
+@runtime_checkable
+class PodChangeLog(Protocol):
+    """An inventory that can tell which pods changed: caches of per-pod renderings then check only
+    those instead of every pod (kcms/apis/metrics/render.py)."""
+
+    def pod_changes(self, since: int) -> tuple[int, Iterable[PodKey] | None]:
+        """``(version, keys of pods added, changed or removed after version ``since``)``; None
+        instead of the keys when that is no longer known (then any pod may have changed)."""
+        ...
 
 
 @dataclass(slots=True, frozen=True)

@@ -23,7 +23,9 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
+from itertools import islice
 from typing import Any, Generic, TypeVar
 
 import aiohttp
@@ -37,6 +39,9 @@ from kcms.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Keys an informer's change log keeps (changes_since): a reader further behind checks everything.
+CHANGE_LOG = 65536
 
 SKIPPED = Counter(
     "kcms_kube_objects_skipped_total",
@@ -98,6 +103,12 @@ class Informer(Generic[T]):
         self._index: dict[Hashable, dict[Hashable, T]] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Change log: the keys put or removed since the last full list, oldest first, at most
+        # CHANGE_LOG entries. ``version`` counts changes; ``_log_floor`` is the version before the
+        # oldest logged one (a relist, or keys dropped from a full log, move it up).
+        self.version = 0
+        self._log: deque[Hashable] = deque()
+        self._log_floor = 0
 
     # ---- reading ----------------------------------------------------------------------------------
     def has_synced(self) -> bool:
@@ -125,6 +136,22 @@ class Informer(Generic[T]):
 
     def __len__(self) -> int:
         return self._count if self._nested else len(self._items)
+
+    def changes_since(self, version: int) -> tuple[int, list[Hashable] | None]:
+        """``(version now, keys put or removed after ``version``)``; the keys are None when the log
+        no longer reaches back that far (a relist, or more than :data:`CHANGE_LOG` changes): then
+        anything may have changed. A key may appear more than once."""
+        if version < self._log_floor:
+            return self.version, None
+        return self.version, list(islice(self._log, version - self._log_floor, None))
+
+    def _changed(self, key: Hashable) -> None:
+        self.version += 1
+        log_ = self._log
+        log_.append(key)
+        if len(log_) > CHANGE_LOG:
+            log_.popleft()
+            self._log_floor += 1
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -210,6 +237,9 @@ class Informer(Generic[T]):
         self._items = items
         self._count = count
         self._rebuild_index()
+        self.version += 1  # everything may have changed
+        self._log.clear()
+        self._log_floor = self.version
         self.last_resource_version = rv
         self.relists += 1
         self._skipped(bad, "list")
@@ -261,6 +291,7 @@ class Informer(Generic[T]):
 
     def _put(self, value: T) -> None:
         k = self.key(value)
+        self._changed(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is None:
@@ -280,6 +311,7 @@ class Informer(Generic[T]):
         self._remove_key(self.key(value))
 
     def _remove_key(self, k: Hashable) -> None:
+        self._changed(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is not None and inner.pop(k[1], None) is not None:  # type: ignore[index]

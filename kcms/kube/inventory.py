@@ -119,6 +119,11 @@ class KubeInventory:
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self.pod_informer.get((namespace, name))
 
+    def pod_changes(self, since: int) -> tuple[int, Iterable[tuple[str, str]] | None]:
+        """``(version, keys of the pods added, changed or removed after version ``since``)``, the
+        keys None when the log does not reach back that far (kcms.model.PodChangeLog)."""
+        return self.pod_informer.changes_since(since)  # type: ignore[return-value]
+
 
 def _quiet(task: asyncio.Future[None]) -> None:
     """Retrieve a background start's outcome (its loop keeps retrying by itself)."""
@@ -179,6 +184,10 @@ class StaticInventory:
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get((namespace, name))
+
+    def pod_changes(self, since: int) -> tuple[int, Iterable[tuple[str, str]] | None]:
+        """Never any change (kcms.model.PodChangeLog)."""
+        return 0, ()
 
 
 def _flatten(doc: Any) -> list[dict[str, Any]]:
