@@ -142,3 +142,82 @@ def test_a_pod_moving_to_another_node_is_listed_once_with_its_new_readings():
     assert set(listed()) == {"p0"}
     store.forget_node("n1")
     assert listed() == {}
+
+
+# ---- with the informer-backed inventory: only changed pods' blocks are dropped -------------------
+
+
+async def test_all_pods_follow_the_kubernetes_inventory_through_its_change_log(fake_kube):
+    from _kube_helpers import eventually
+    from fakeapi import make_node, make_pod
+
+    from kcms.kube import KubeClient, KubeInventory
+
+    fake_kube.upsert(make_node("n0"))
+    for i in range(8):
+        fake_kube.upsert(make_pod(PODS[i][0], PODS[i][1], "n0", labels={"app": "web"}))
+    client = await KubeClient.load(str(fake_kube.kubeconfig))
+    inv = KubeInventory(client, pod_node_names=False)
+    await inv.start()
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = render.ListRenderer(inv)
+
+    async def listed() -> dict:
+        now = time.monotonic()
+        body = await collect(POD_HEAD, renderer.all_pods(store, now, CREATED))
+        expected, per_pod = reference(store, inv, now)
+        assert body == expected
+        items = orjson.loads(body)["items"]
+        assert {(i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in items} == per_pod
+        return {i["metadata"]["name"]: i for i in items}
+
+    try:
+        for t in (START, START + 15):
+            store.store(scrape("n0", set(range(6)), 2, t))
+            store.store(scrape("n1", {6, 7}, 1, t))
+        assert set(await listed()) == {f"p{i}" for i in range(8)}
+        version, changed = inv.pod_changes(renderer._inventory_version)  # noqa: SLF001 - what the renderer saw
+        assert changed == []
+        # one pod relabelled, one stops running, one deleted: the watch reports them
+        fake_kube.upsert(make_pod(PODS[1][0], "p1", "n0", labels={"app": "api", "q": HOSTILE}))
+        fake_kube.upsert(make_pod(PODS[2][0], "p2", "n0", phase="Succeeded"))
+        fake_kube.delete("pods", PODS[7][0], "p7")
+        await eventually(lambda: inv.pod(PODS[7][0], "p7") is None and inv.pod(PODS[2][0], "p2") is None)
+        await eventually(lambda: inv.pod(PODS[1][0], "p1").labels.get("app") == "api")
+        _, changed = inv.pod_changes(version)
+        assert set(changed) == {PODS[1], PODS[2], PODS[7]}
+        items = await listed()
+        assert set(items) == {"p0", "p1", "p3", "p4", "p5", "p6"}
+        assert items["p1"]["metadata"]["labels"] == {"app": "api", "q": HOSTILE}
+        # a pod that comes back is listed again
+        fake_kube.upsert(make_pod(PODS[7][0], "p7", "n1", labels={"back": "yes"}))
+        await eventually(lambda: inv.pod(PODS[7][0], "p7") is not None)
+        assert (await listed())["p7"]["metadata"]["labels"] == {"back": "yes"}
+        # after a relist the log cannot say what changed: every block is checked
+        await fake_kube.stop()
+        fake_kube.upsert(make_pod(PODS[0][0], "p0", "n0", labels={"after": "relist"}))
+        fake_kube.expire_history()
+        await fake_kube.start()
+        await eventually(lambda: inv.pod_informer.relists == 2)
+        assert inv.pod_changes(version)[1] is None
+        assert (await listed())["p0"]["metadata"]["labels"] == {"after": "relist"}
+    finally:
+        await inv.stop()
+        await client.close()
+
+
+def test_the_change_log_is_bounded_and_says_when_it_no_longer_reaches_back():
+    from kcms.kube import Informer
+    from kcms.kube import informer as informer_module
+
+    inf = Informer(None, "/api/v1/pods", lambda o: o, lambda p: (p.namespace, p.name), nested=True)  # type: ignore[arg-type]
+    assert inf.changes_since(0) == (0, [])
+    for i in range(informer_module.CHANGE_LOG + 10):
+        inf._put(pod_info("ns", f"p{i % 100}", {}))  # noqa: SLF001 - what a watch event does
+    version = informer_module.CHANGE_LOG + 10
+    assert inf.changes_since(0) == (version, None)  # the first ten changes were dropped
+    assert inf.changes_since(9) == (version, None)
+    _, keys = inf.changes_since(10)
+    assert len(keys) == informer_module.CHANGE_LOG and keys[-1] == ("ns", f"p{(version - 1) % 100}")
+    inf._remove_key(("ns", "p5"))  # noqa: SLF001
+    assert inf.changes_since(version) == (version + 1, [("ns", "p5")])
