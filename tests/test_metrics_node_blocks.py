@@ -221,3 +221,52 @@ def test_the_change_log_is_bounded_and_says_when_it_no_longer_reaches_back():
     assert len(keys) == informer_module.CHANGE_LOG and keys[-1] == ("ns", f"p{(version - 1) % 100}")
     inf._remove_key(("ns", "p5"))  # noqa: SLF001
     assert inf.changes_since(version) == (version + 1, [("ns", "p5")])
+
+
+# ---- rendering ahead ------------------------------------------------------------------------------
+
+
+def rendered(when: str) -> float:
+    return render.BLOCKS_RENDERED.labels(when)._value.get()  # noqa: SLF001 - prometheus_client's value
+
+
+async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_and_not_after():
+    from _kube_helpers import eventually
+
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {"app": "web"}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = render.ListRenderer(inv, prerender_idle=5.0)
+    t = START
+    for t in (START, START + 15):
+        for n, node in enumerate(NODES):
+            store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t))
+
+    async def listed() -> bytes:
+        now = time.monotonic()
+        body = await collect(POD_HEAD, renderer.all_pods(store, now, CREATED))
+        assert body == reference(store, inv, now)[0]
+        return body
+
+    on_list, ahead = rendered("on_list"), rendered("ahead")
+    first = await listed()
+    assert rendered("on_list") - on_list == 3 and rendered("ahead") == ahead  # the first list renders all
+    # two nodes are scraped again: their blocks are rendered in the background, not by the next list
+    t += 15
+    store.store(scrape("n0", {0, 3, 6}, 2, t))
+    store.store(scrape("n2", {2, 5}, 2, t))
+    await eventually(lambda: rendered("ahead") - ahead == 2)
+    on_list = rendered("on_list")
+    second = await listed()
+    assert rendered("on_list") == on_list and second != first  # new readings, nothing left to render
+    # a pod changed in the inventory is not a scrape: its block is checked and rendered by the list
+    inv.put_pod(pod_info(*PODS[1], {"app": "changed"}))
+    assert b'"changed"' in await listed() and rendered("on_list") == on_list + 1
+    # nobody lists any more: after prerender_idle nothing is rendered ahead
+    await asyncio.sleep(5.5)
+    ahead = rendered("ahead")
+    store.store(scrape("n1", {1, 4, 7}, 2, t + 15))
+    await asyncio.sleep(1.5)  # three periods of the background step
+    assert rendered("ahead") == ahead
+    assert b'"changed"' in await listed() and rendered("on_list") == on_list + 2

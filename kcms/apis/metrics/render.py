@@ -43,11 +43,13 @@ aggregated resources promise no order; metrics-server's follows its informer's m
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from prometheus_client import Counter
 
 from kcms.apis.metrics.convert import API_VERSION, TimeFormatter, go_duration
 from kcms.apiserver.responses import list_body_response
@@ -63,8 +65,21 @@ STREAM_BYTES = 1 << 20
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
 # handing each to the gzip thread costs little, small enough to overlap rendering and the socket.
 BLOCK_CHUNK_BYTES = 1 << 20
+# Blocks are rendered ahead while an all-pods list came within this many seconds, looking for
+# stale ones every PRERENDER_PERIOD seconds (see ListRenderer._keep_rendering).
+PRERENDER_IDLE = 60.0
+PRERENDER_PERIOD = 0.5
 # A sweep runs when the cache holds more than 2x the entries it kept at the last one, plus this.
 SWEEP_SLACK = 1000
+
+BLOCKS_RENDERED = Counter(
+    "kcms_metrics_pod_blocks_rendered",
+    "Nodes whose pods were rendered for the list of every pod, by when: ahead (in the background, "
+    "after the node's scrape, while lists come) or on_list (by the list that needed them).",
+    ["when"],
+)
+_AHEAD = BLOCKS_RENDERED.labels("ahead")
+_ON_LIST = BLOCKS_RENDERED.labels("on_list")
 
 _POD_LIST_HEAD = (
     b'{"kind":"PodMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
@@ -192,8 +207,9 @@ class _NodeBlock:
 class ListRenderer:
     """Pre-rendered pieces of every listed node and pod, and the list items made of them."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, *, prerender_idle: float = PRERENDER_IDLE) -> None:
         self.inventory = inventory
+        self.prerender_idle = prerender_idle  # 0: never render ahead
         # id(PodInfo) -> [pod, head, meta tail, usage, body]; the entry holds the PodInfo, so its id
         # cannot be reused by another object while the entry exists.
         self._pods: dict[int, list[Any]] = {}
@@ -202,6 +218,10 @@ class ListRenderer:
         # node name -> its pods rendered for the list of every pod (all_pods)
         self._blocks: dict[str, _NodeBlock] = {}
         self._inventory_version = -1  # the inventory's pod_changes() version the blocks reflect
+        self._unverified = True  # blocks must be checked pod by pod against the inventory
+        self._last_all_pods = 0.0  # monotonic time of the last all_pods list
+        self._prerender_store: PodBlocks | None = None
+        self._prerender_handle: asyncio.TimerHandle | None = None
         self._texts = _Texts()
         self._pods_kept = 0
         self._nodes_kept = 0
@@ -315,15 +335,9 @@ class ListRenderer:
         usage in ``store``, node by node (see the module docstring)."""
         blocks = self._blocks
         lookup = self.inventory.pod
-        check_all = True  # compare every block's pods with the inventory
-        if isinstance(self.inventory, PodChangeLog):
-            version, changed = self.inventory.pod_changes(self._inventory_version)
-            if changed is not None:
-                check_all = False  # drop just the blocks holding a changed pod
-                owner = store.pod_node
-                for namespace, name in changed:
-                    blocks.pop(owner(namespace, name), None)
-            self._inventory_version = version
+        self._apply_inventory_changes(store)
+        check_all = self._unverified or not isinstance(self.inventory, PodChangeLog)
+        self._unverified = False  # this pass checks every block it serves
         created_json = _dumps(created)
         texts = self._texts
         fmt = TimeFormatter()
@@ -343,6 +357,7 @@ class ListRenderer:
             if block is None:
                 block = blocks[node] = self._node_block(node, token, keys, store, now, texts, fmt)
                 work += len(block.infos)
+                _ON_LIST.inc()
             if block.parts:
                 text = created_json.join(block.parts)
                 pieces.append(text)
@@ -366,6 +381,64 @@ class ListRenderer:
                 del blocks[node]
         if len(self._pods) > 2 * self._pods_kept + SWEEP_SLACK:
             await self._sweep_pods()
+        self._keep_rendering(store)
+
+    def _apply_inventory_changes(self, store: PodBlocks) -> None:
+        """Drop the blocks holding a pod the inventory changed since the last call. When it cannot
+        tell (its log no longer reaches back), the next list checks every block
+        (``_unverified``); an inventory without a change log is always checked so."""
+        if not isinstance(self.inventory, PodChangeLog):
+            return
+        version, changed = self.inventory.pod_changes(self._inventory_version)
+        self._inventory_version = version
+        if changed is None:
+            self._unverified = True
+            return
+        blocks = self._blocks
+        owner = store.pod_node
+        for namespace, name in changed:
+            blocks.pop(owner(namespace, name), None)
+
+    # -- rendering ahead -----------------------------------------------------------------------
+    # At 15 s resolution a node's readings change every 15 s, so the list after a scrape cycle
+    # renders every pod again (~9 µs a pod: 1.4 s at 150 000 pods). While somebody lists every
+    # pod, the blocks of nodes scraped since are rendered in the background instead, a slice at a
+    # time between other work (loop callbacks: no task to cancel at shutdown), so that the next
+    # list finds them ready. Nobody listing for PRERENDER_IDLE seconds stops it: no cost then.
+
+    def _keep_rendering(self, store: PodBlocks) -> None:
+        if self.prerender_idle <= 0:
+            return
+        self._last_all_pods = time.monotonic()
+        self._prerender_store = store
+        if self._prerender_handle is None:
+            loop = asyncio.get_running_loop()
+            self._prerender_handle = loop.call_later(PRERENDER_PERIOD, self._prerender_step)
+
+    def _prerender_step(self) -> None:
+        """Render stale blocks worth about :data:`SLICE` pods; come back at once while there are
+        more, after :data:`PRERENDER_PERIOD` when none are left."""
+        self._prerender_handle = None
+        store = self._prerender_store
+        now = time.monotonic()
+        if store is None or now - self._last_all_pods > self.prerender_idle:
+            self._prerender_store = None
+            return
+        self._apply_inventory_changes(store)  # the dropped blocks are rendered again below
+        blocks = self._blocks
+        texts = self._texts
+        fmt = TimeFormatter()
+        budget = SLICE
+        for node, token, keys in store.pod_blocks(now):
+            block = blocks.get(node)
+            if block is None or block.token is not token:
+                block = blocks[node] = self._node_block(node, token, keys, store, now, texts, fmt)
+                _AHEAD.inc()
+                budget -= len(block.infos) + 1
+                if budget <= 0:
+                    break
+        loop = asyncio.get_running_loop()
+        self._prerender_handle = loop.call_later(0 if budget <= 0 else PRERENDER_PERIOD, self._prerender_step)
 
     def _node_block(
         self,
