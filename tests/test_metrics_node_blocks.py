@@ -56,8 +56,8 @@ def reference(store: ResourceStore, inv: MutableInventory, now: float) -> tuple[
     which pods the per-pod path would list."""
     fmt = convert.TimeFormatter()
     items = []
-    for node, _, keys in store.pod_blocks(now):
-        for namespace, name in keys:
+    for node, _ in store.pod_blocks(now):
+        for (namespace, name), _ in store.node_pod_usages(node):
             pod = inv.pod(namespace, name)
             if store.pod_node(namespace, name) != node or pod is None or pod.phase != "Running":
                 continue

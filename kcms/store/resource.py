@@ -29,7 +29,7 @@ for up to 0.8 s.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -353,21 +353,33 @@ class ResourceStore:
                 timestamp, window = at, span
         return PodUsage(timestamp, window, tuple(containers))
 
-    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object, Iterable[PodKey]]]:
-        """``(node, token, pod keys)`` for every node whose readings are fresh, in store order.
+    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]:
+        """``(node, token)`` for every node whose readings are fresh, in store order.
 
         ``token`` is the same object until the node's pods or readings change (a new scrape of
         the node, or one of its pods moving to another node's scrape): a list renderer caches a
-        node's rendered pods under it. The keys may include pods whose readings now belong to
-        another node (:meth:`pod_node` tells) and pods without a usable rate
-        (:meth:`pod_usage` returns None for them)."""
+        node's rendered pods (:meth:`node_pod_usages`) under it."""
         now = time.monotonic() if now is None else now
         max_age = self.max_age
-        return [
-            (node, entry.usage, entry.pods.keys())
-            for node, entry in self._nodes.items()
-            if now - entry.received <= max_age
-        ]
+        return [(node, entry.usage) for node, entry in self._nodes.items() if now - entry.received <= max_age]
+
+    def node_pod_usages(self, node: str) -> list[tuple[PodKey, PodUsage | None]]:
+        """Each pod whose readings are ``node``'s with its usage (:meth:`pod_usage`, without the
+        freshness check: the caller got ``node`` from :meth:`pod_blocks`), in scrape order."""
+        entry = self._nodes.get(node)
+        if entry is None:
+            return []
+        owner = self._pod_node
+        cached = entry.usage
+        out: list[tuple[PodKey, PodUsage | None]] = []
+        for key, pairs in entry.pods.items():
+            if owner.get(key) != node:
+                continue
+            usage = cached.get(key, _MISSING)
+            if usage is _MISSING:
+                usage = cached[key] = self._pod_usage(pairs)
+            out.append((key, usage))  # type: ignore[arg-type]
+        return out
 
     def node_names(self) -> list[str]:
         return list(self._nodes)

@@ -175,11 +175,11 @@ async def list_response(request: web.Request, kind: str, chunks: AsyncIterator[b
 class PodBlocks(Protocol):
     """What :meth:`ListRenderer.all_pods` reads: :class:`kcms.store.resource.ResourceStore`."""
 
-    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object, Iterable[PodKey]]]: ...
+    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]: ...
 
     def pod_node(self, namespace: str, name: str) -> str: ...
 
-    def pod_usage(self, namespace: str, name: str, now: float | None = None) -> PodUsage | None: ...
+    def node_pod_usages(self, node: str) -> list[tuple[PodKey, PodUsage | None]]: ...
 
 
 class _NodeBlock:
@@ -345,7 +345,7 @@ class ListRenderer:
         pieces: list[bytes] = []
         size = work = 0
         first = True
-        for node, token, keys in store.pod_blocks(now):
+        for node, token in store.pod_blocks(now):
             seen.append(node)
             block = blocks.get(node)
             if block is not None and block.token is token:
@@ -355,7 +355,7 @@ class ListRenderer:
             else:
                 block = None
             if block is None:
-                block = blocks[node] = self._node_block(node, token, keys, store, now, texts, fmt)
+                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
                 work += len(block.infos)
                 _ON_LIST.inc()
             if block.parts:
@@ -429,10 +429,10 @@ class ListRenderer:
         texts = self._texts
         fmt = TimeFormatter()
         budget = SLICE
-        for node, token, keys in store.pod_blocks(now):
+        for node, token in store.pod_blocks(now):
             block = blocks.get(node)
             if block is None or block.token is not token:
-                block = blocks[node] = self._node_block(node, token, keys, store, now, texts, fmt)
+                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
                 _AHEAD.inc()
                 budget -= len(block.infos) + 1
                 if budget <= 0:
@@ -441,36 +441,23 @@ class ListRenderer:
         self._prerender_handle = loop.call_later(0 if budget <= 0 else PRERENDER_PERIOD, self._prerender_step)
 
     def _node_block(
-        self,
-        node: str,
-        token: object,
-        keys: Iterable[PodKey],
-        store: PodBlocks,
-        now: float,
-        texts: _Texts,
-        fmt: TimeFormatter,
+        self, node: str, token: object, store: PodBlocks, texts: _Texts, fmt: TimeFormatter
     ) -> _NodeBlock:
         """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the pod cache)."""
         lookup = self.inventory.pod
-        owner = store.pod_node
-        usage_of = store.pod_usage
         cache = self._pods
         namespaces: list[str] = []
         names: list[str] = []
         infos: list[PodInfo | None] = []
         parts: list[bytes] = []
         pending = b""  # the previous item's body, joined with the next item's head
-        for namespace, name in list(keys):
-            if owner(namespace, name) != node:
-                continue  # its readings are now another node's
+        # The pods whose readings are this node's (not those that moved to another node's scrape).
+        for (namespace, name), usage in store.node_pod_usages(node):
             pod = lookup(namespace, name)
             namespaces.append(namespace)
             names.append(name)
             infos.append(pod)
-            if pod is None or pod.phase != "Running":
-                continue
-            usage = usage_of(namespace, name, now)
-            if usage is None:
+            if pod is None or pod.phase != "Running" or usage is None:
                 continue
             entry = cache.get(id(pod))
             if entry is None:
