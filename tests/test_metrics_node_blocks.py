@@ -230,14 +230,14 @@ def rendered(when: str) -> float:
     return render.BLOCKS_RENDERED.labels(when)._value.get()  # noqa: SLF001 - prometheus_client's value
 
 
-async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_and_not_after():
+async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often_and_not_after():
     from _kube_helpers import eventually
 
     inv = MutableInventory()
     for namespace, name in PODS:
         inv.put_pod(pod_info(namespace, name, {"app": "web"}))
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv, prerender_idle=5.0)
+    renderer = render.ListRenderer(inv, prerender_within=5.0)
     t = START
     for t in (START, START + 15):
         for n, node in enumerate(NODES):
@@ -251,7 +251,9 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_and_n
 
     on_list, ahead = rendered("on_list"), rendered("ahead")
     first = await listed()
-    assert rendered("on_list") - on_list == 3 and rendered("ahead") == ahead  # the first list renders all
+    assert rendered("on_list") - on_list == 3  # the first list renders every node's pods
+    await asyncio.sleep(2.0)
+    await listed()  # two lists 2 s apart: render ahead for the next 4 s
     # two nodes are scraped again: their blocks are rendered in the background, not by the next list
     t += 15
     store.store(scrape("n0", {0, 3, 6}, 2, t))
@@ -263,10 +265,26 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_and_n
     # a pod changed in the inventory is not a scrape: its block is checked and rendered by the list
     inv.put_pod(pod_info(*PODS[1], {"app": "changed"}))
     assert b'"changed"' in await listed() and rendered("on_list") == on_list + 1
-    # nobody lists any more: after prerender_idle nothing is rendered ahead
+    # nobody lists any more: soon nothing is rendered ahead
     await asyncio.sleep(5.5)
     ahead = rendered("ahead")
     store.store(scrape("n1", {1, 4, 7}, 2, t + 15))
     await asyncio.sleep(1.5)  # three periods of the background step
     assert rendered("ahead") == ahead
     assert b'"changed"' in await listed() and rendered("on_list") == on_list + 2
+
+
+async def test_lists_further_apart_than_a_resolution_never_render_ahead():
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = render.ListRenderer(inv, prerender_within=0.5)  # "a resolution" of 0.5 s
+    for t in (START, START + 15):
+        store.store(scrape("n0", set(range(8)), 1, t))
+    ahead = rendered("ahead")
+    for i in range(3):
+        await collect(POD_HEAD, renderer.all_pods(store, time.monotonic(), CREATED))
+        store.store(scrape("n0", set(range(8)), 1, START + 30 + 15 * i))
+        await asyncio.sleep(1.0)  # lists 1 s apart: rendering ahead would cost more than it saves
+    assert rendered("ahead") == ahead

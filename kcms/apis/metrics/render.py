@@ -65,9 +65,10 @@ STREAM_BYTES = 1 << 20
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
 # handing each to the gzip thread costs little, small enough to overlap rendering and the socket.
 BLOCK_CHUNK_BYTES = 1 << 20
-# Blocks are rendered ahead while an all-pods list came within this many seconds, looking for
-# stale ones every PRERENDER_PERIOD seconds (see ListRenderer._keep_rendering).
-PRERENDER_IDLE = 60.0
+# Blocks are rendered ahead while all-pods lists come at most this many seconds apart (the
+# resolution: rendering a node once per scrape then costs what the lists would spend anyway),
+# looking for stale ones every PRERENDER_PERIOD seconds (see ListRenderer._keep_rendering).
+PRERENDER_WITHIN = 15.0
 PRERENDER_PERIOD = 0.5
 # A sweep runs when the cache holds more than 2x the entries it kept at the last one, plus this.
 SWEEP_SLACK = 1000
@@ -207,9 +208,9 @@ class _NodeBlock:
 class ListRenderer:
     """Pre-rendered pieces of every listed node and pod, and the list items made of them."""
 
-    def __init__(self, inventory: Inventory, *, prerender_idle: float = PRERENDER_IDLE) -> None:
+    def __init__(self, inventory: Inventory, *, prerender_within: float = PRERENDER_WITHIN) -> None:
         self.inventory = inventory
-        self.prerender_idle = prerender_idle  # 0: never render ahead
+        self.prerender_within = prerender_within  # 0: never render ahead
         # id(PodInfo) -> [pod, head, meta tail, usage, body]; the entry holds the PodInfo, so its id
         # cannot be reused by another object while the entry exists.
         self._pods: dict[int, list[Any]] = {}
@@ -219,7 +220,8 @@ class ListRenderer:
         self._blocks: dict[str, _NodeBlock] = {}
         self._inventory_version = -1  # the inventory's pod_changes() version the blocks reflect
         self._unverified = True  # blocks must be checked pod by pod against the inventory
-        self._last_all_pods = 0.0  # monotonic time of the last all_pods list
+        self._last_all_pods = -1e9  # monotonic time the last all_pods list started
+        self._prerender_until = 0.0  # render ahead until then (monotonic)
         self._prerender_store: PodBlocks | None = None
         self._prerender_handle: asyncio.TimerHandle | None = None
         self._texts = _Texts()
@@ -333,6 +335,7 @@ class ListRenderer:
     async def all_pods(self, store: PodBlocks, now: float, created: str) -> AsyncIterator[bytes]:
         """The items (in chunks of about :data:`BLOCK_CHUNK_BYTES`) of every Running pod that has
         usage in ``store``, node by node (see the module docstring)."""
+        started = time.monotonic()
         blocks = self._blocks
         lookup = self.inventory.pod
         self._apply_inventory_changes(store)
@@ -381,7 +384,7 @@ class ListRenderer:
                 del blocks[node]
         if len(self._pods) > 2 * self._pods_kept + SWEEP_SLACK:
             await self._sweep_pods()
-        self._keep_rendering(store)
+        self._keep_rendering(store, started)
 
     def _apply_inventory_changes(self, store: PodBlocks) -> None:
         """Drop the blocks holding a pod the inventory changed since the last call. When it cannot
@@ -400,16 +403,23 @@ class ListRenderer:
             blocks.pop(owner(namespace, name), None)
 
     # -- rendering ahead -----------------------------------------------------------------------
-    # At 15 s resolution a node's readings change every 15 s, so the list after a scrape cycle
-    # renders every pod again (~9 µs a pod: 1.4 s at 150 000 pods). While somebody lists every
-    # pod, the blocks of nodes scraped since are rendered in the background instead, a slice at a
-    # time between other work (loop callbacks: no task to cancel at shutdown), so that the next
-    # list finds them ready. Nobody listing for PRERENDER_IDLE seconds stops it: no cost then.
+    # At 15 s resolution a node's readings change every 15 s, so a list a scrape cycle after the
+    # last one renders every pod again (~9 µs a pod: 1.4 s at 150 000 pods). When lists of every
+    # pod come at least once a resolution (a `watch kubectl top pods -A`, a dashboard), each node
+    # is rendered once per scrape whoever does it: then it is done in the background right after
+    # the scrape, a slice at a time between other work (loop callbacks: no task to cancel at
+    # shutdown), and the next list finds it ready. It goes on for twice the last gap between two
+    # such lists (at most ``prerender_within``), so it stops soon after the lists do; lists further
+    # apart (the VPA recommender's every minute, someone's occasional `kubectl top`) never start
+    # it: rendering ahead would then cost more than rendering on demand.
 
-    def _keep_rendering(self, store: PodBlocks) -> None:
-        if self.prerender_idle <= 0:
+    def _keep_rendering(self, store: PodBlocks, started: float) -> None:
+        """Called as a list of every pod that started at ``started`` ends."""
+        gap = started - self._last_all_pods
+        self._last_all_pods = started
+        if gap > self.prerender_within:
             return
-        self._last_all_pods = time.monotonic()
+        self._prerender_until = time.monotonic() + min(2 * gap, self.prerender_within)
         self._prerender_store = store
         if self._prerender_handle is None:
             loop = asyncio.get_running_loop()
@@ -421,7 +431,7 @@ class ListRenderer:
         self._prerender_handle = None
         store = self._prerender_store
         now = time.monotonic()
-        if store is None or now - self._last_all_pods > self.prerender_idle:
+        if store is None or now > self._prerender_until:
             self._prerender_store = None
             return
         self._apply_inventory_changes(store)  # the dropped blocks are rendered again below
