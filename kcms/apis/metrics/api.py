@@ -14,7 +14,7 @@ from aiohttp import web
 
 from kcms.apis.metrics import convert
 from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
-from kcms.apis.metrics.render import ListRenderer, list_response
+from kcms.apis.metrics.render import PRERENDER_WITHIN, ListRenderer, list_response
 from kcms.apis.objects import nodes_in_scope, pods_in_scope
 from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, not_found, respond
 from kcms.apiserver.responses import negotiate
@@ -82,7 +82,9 @@ class MetricsAPI:
         self.store = store
         # Rendered JSON pieces per node and pod, reused while neither the object nor its usage
         # changes: listing 150 000 pods then formats nothing twice.
-        self.renderer = ListRenderer(inventory)
+        # Rendering ahead pays off while lists of every pod come at least once a resolution.
+        resolution = getattr(store, "resolution", None)  # a ResourceStore's; replicas: the default
+        self.renderer = ListRenderer(inventory, prerender_within=resolution or PRERENDER_WITHIN)
 
     async def _view(self, kind: str, namespace: str | None, names: list[str] | None):
         """What to read usage from: the store itself, or (store replicas) a snapshot of the
