@@ -73,13 +73,14 @@ def cpu_seconds(p: psutil.Process) -> float:
     return t.user + t.system
 
 
-async def per_scrape(work: Path, rounds: int) -> None:
+async def per_scrape(work: Path, rounds: int, history: float = 600.0) -> None:
     import asyncio
     import gc
 
     import kcms.collector.kubelet as kubelet
     from kcms.heap import HeapFreezer
     from kcms.kube.inventory import StaticInventory
+    from kcms.store.history import HistoryStore
     from kcms.store.resource import ResourceStore
 
     spent = {"decode": 0.0, "store": 0.0, "gc": 0.0, "collections": 0}
@@ -110,6 +111,8 @@ async def per_scrape(work: Path, rounds: int) -> None:
     orig.append(client._decode)
     client._decode = timed_decode  # the same decoder, timed
     store, heap = ResourceStore(15.0), HeapFreezer()
+    if history > 0:  # kcms standalone's default --history 10m: every store() records too
+        store.history = HistoryStore(history, 15.0)
 
     async def cycle() -> None:
         client.start_cycle()
@@ -138,7 +141,8 @@ async def per_scrape(work: Path, rounds: int) -> None:
         f"{n} scrapes of {len(nodes)} kubelets: {total / n * 1e6:.0f} us CPU per scrape = decode "
         f"{spent['decode'] / n * 1e6:.0f} + store {spent['store'] / n * 1e6:.0f} + rest (HTTP, TLS, "
         f"asyncio) {rest / n * 1e6:.0f}; of all that, cyclic GC {spent['gc'] / n * 1e6:.0f} "
-        f"({spent['collections'] / n:.2f} collections a scrape); load {os.getloadavg()[0]:.2f}"
+        f"({spent['collections'] / n:.2f} collections a scrape); history {history:g} s; "
+        f"load {os.getloadavg()[0]:.2f}"
     )
 
 
@@ -156,6 +160,8 @@ def main() -> int:
     ap.add_argument("--extra", default="", help="extra `kcms standalone` flags, space separated")
     ap.add_argument("--per-scrape", action="store_true", help="per-scrape CPU in this process (see above)")
     ap.add_argument("--rounds", type=int, default=20, help="--per-scrape: cycles measured (default 20)")
+    ap.add_argument("--history", type=float, default=600.0,
+                    help="--per-scrape: history retention in seconds, 0 off (default 600, as standalone)")  # fmt: skip
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kcms-fixed-"))
@@ -183,7 +189,7 @@ def main() -> int:
         if args.per_scrape:
             import asyncio
 
-            asyncio.run(per_scrape(work, args.rounds))
+            asyncio.run(per_scrape(work, args.rounds, args.history))
             return 0
         kube = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("fake_kube_apiserver.py")),

@@ -9,12 +9,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import msgspec
 
-@dataclass(slots=True)
-class ResourcePoint:
+
+class ResourcePoint(msgspec.Struct, gc=False):
     """One cumulative resource reading of a node or a container (metrics-server's MetricsPoint).
 
     CPU is kept as an integer counter of core-nanoseconds so that deltas are exact.
+
+    A ``msgspec`` struct, not a dataclass: built in C (~30 ns instead of ~180 ns; every scrape
+    makes one per container) and, holding only numbers, never tracked by the cyclic garbage
+    collector (nor, then, the store's ``(last, previous)`` tuples of them). Same fields, positional
+    and keyword construction, ``==`` and ``repr`` as the dataclass it was.
     """
 
     start_time: float  # seconds since the epoch the container (or node) started; 0.0 if unknown

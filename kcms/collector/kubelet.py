@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS, HTTPError, KeepAlivePool
 from kcms.model import DecodeError, NodeBatch, NodeInfo
+from kcms.sources.decode_template import DEFAULT_TEMPLATES
 from kcms.sources.kubelet_decode import DecodeReuse, decode_resource_metrics, decode_summary
 
 DEFAULT_ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
@@ -92,7 +93,9 @@ class KubeletClient:
         self._path = ENDPOINTS[config.endpoint]
         # What each node's last start-time block parsed to (bounded: nodes not scraped for a whole
         # cycle are forgotten at start_cycle); the decoded batches are the same without it.
-        self.decode_reuse = DecodeReuse()
+        # and, in clusters of up to DEFAULT_TEMPLATES nodes, each node's whole body as a template
+        # whose numbers alone are read next time (kcms/sources/decode_template.py)
+        self.decode_reuse = DecodeReuse(max_templates=DEFAULT_TEMPLATES)
         self._decode: Callable[[str, bytes], NodeBatch] | None = (
             self._decode_resource if config.endpoint == "resource" else None
         )

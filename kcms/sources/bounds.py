@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter
 
 from kcms import limits
 from kcms.model import NodeBatch, ResourcePoint
@@ -105,16 +107,66 @@ def screen_node_point(batch: NodeBatch, latest: float, counts: dict[str, int]) -
             batch.node_point = None
 
 
+_TIMESTAMP = attrgetter("timestamp")
+_CPU_NS = attrgetter("cpu_ns")
+_MEMORY = attrgetter("memory")
+_START = attrgetter("start_time")
+
+
+def _all_within(pods: dict[tuple[str, str], dict[str, ResourcePoint]], latest: float) -> bool:
+    """True when every container reading and name of ``pods`` is within the bounds: the loop of
+    :func:`screen_batch` a column at a time (C-level ``map``/``min``/``max``: ~8 us instead of ~20
+    for 60 containers; every stored batch is screened, ``bench/scrape_cpu.py``). False when one
+    may not be (or on anything unexpected): the caller then looks point by point. The sums make a
+    NaN (which ``min``/``max`` can skip) or an infinity fail the test."""
+    try:
+        if not pods:
+            return True
+        if not (
+            max(map(len, chain.from_iterable(pods))) <= MAX_NAME_LENGTH
+            and min(map(len, pods)) == max(map(len, pods)) == 2  # (namespace, name), as the loop unpacks
+        ):
+            return False
+        points = list(chain.from_iterable(map(dict.values, pods.values())))
+        if not points:
+            return True
+        times = list(map(_TIMESTAMP, points))
+        cpu = list(map(_CPU_NS, points))
+        memory = list(map(_MEMORY, points))
+        total = sum(times) + sum(cpu) + sum(memory) + sum(map(_START, points))
+        return bool(
+            total - total == 0
+            and 0 < min(times)
+            and max(times) <= latest
+            and 0 <= min(cpu)
+            and max(cpu) <= MAX_CPU_NS
+            and 0 <= min(memory)
+            and max(memory) <= MAX_MEMORY_BYTES
+            and max(map(len, chain.from_iterable(pods.values()))) <= MAX_NAME_LENGTH
+        )
+    except Exception:  # noqa: BLE001 - not numbers, not strings, not pairs: the loop says why
+        return False
+
+
 def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int]:
     """Drop from ``batch`` (in place) every reading outside the bounds; return the counts by reason.
 
-    A refused container drops its whole pod; the node point and other pods stay. Costs ~10 us for
-    a node of 60 containers (about 5% of decoding its ``/metrics/resource``).
+    A refused container drops its whole pod; the node point and other pods stay. The usual batch,
+    all within, passes after one look at each column (:func:`_all_within`); otherwise every
+    reading is looked at (:func:`screen_pods`, ~20 us for a node of 60 containers).
     """
     if latest is None:
         latest = limits.future_limit()
     counts: dict[str, int] = {}
     screen_node_point(batch, latest, counts)
+    if not _all_within(batch.pods, latest):
+        screen_pods(batch, latest, counts)
+    return counts
+
+
+def screen_pods(batch: NodeBatch, latest: float, counts: dict[str, int]) -> None:
+    """:func:`screen_batch`'s pods, point by point: drop (in place) every pod with a reading or a
+    name outside the bounds, counting the reasons into ``counts``."""
     drop: list[tuple[str, str]] = []
     for key, containers in batch.pods.items():
         ns, name = key
@@ -143,7 +195,6 @@ def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int
             drop.append(key)
     for key in drop:
         del batch.pods[key]
-    return counts
 
 
 # ---- custom-metric samples in the store's block form ----------------------------------------------

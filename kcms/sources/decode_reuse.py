@@ -10,6 +10,7 @@ from array import array
 from typing import Any
 
 from kcms.sources.bounds import MAX_NAME_LENGTH
+from kcms.sources.decode_template import BodyTemplates
 
 # the decoder's column layout: namespaces, pods, containers, values, timestamps, label signature
 Columns = tuple[list[str], list[str], list[str], list[Any], Any, str]
@@ -39,9 +40,9 @@ class DecodeReuse:
     parse is never used for another node's body.
     """
 
-    __slots__ = ("_current", "_previous", "max_nodes", "hits", "misses")
+    __slots__ = ("_current", "_previous", "max_nodes", "hits", "misses", "templates")
 
-    def __init__(self, max_nodes: int = 16384) -> None:
+    def __init__(self, max_nodes: int = 16384, max_templates: int = 0) -> None:
         # node -> (timestamp length (0: the text as is), text without timestamps, lines, signature,
         # values, every name within MAX_NAME_LENGTH)
         self._current: dict[str, _Entry] = {}
@@ -49,6 +50,10 @@ class DecodeReuse:
         self.max_nodes = max(1, max_nodes)
         self.hits = 0
         self.misses = 0
+        # whole bodies as templates (kcms/sources/decode_template.py), for up to max_templates
+        # nodes (0: none; KubeletClient asks for DEFAULT_TEMPLATES); a body decoded from its
+        # template counts as a reuse of its start-time entry (see touch)
+        self.templates = BodyTemplates(min(max_templates, self.max_nodes))
 
     def __len__(self) -> int:
         return len(self._current) + sum(1 for n in self._previous if n not in self._current)
@@ -57,10 +62,12 @@ class DecodeReuse:
         """Forget the nodes not decoded since the previous call (nodes gone, or failing)."""
         self._previous = self._current
         self._current = {}
+        self.templates.new_cycle()
 
     def forget(self, node: str) -> None:
         self._current.pop(node, None)
         self._previous.pop(node, None)
+        self.templates.forget(node)
 
     def lookup(self, node: str, block: str) -> tuple[Columns, bool] | None:
         """The start-time columns of ``block`` from ``node``'s last parse if it is the same block, and
@@ -92,6 +99,18 @@ class DecodeReuse:
             self._put(node, entry)
         return (None, None, None, values.tolist(), None, signature), names_ok
 
+    def touch(self, node: str) -> None:
+        """``node``'s body was decoded from its template (kcms/sources/decode_template.py), which
+        holds the same start-time parse: counted as a reuse, its entry kept as :meth:`lookup`
+        keeps it (the bookkeeping is the same with or without templates)."""
+        entry = self._current.get(node)
+        if entry is None:
+            entry = self._previous.get(node)
+            if entry is None:
+                return
+            self._put(node, entry)
+        self.hits += 1
+
     def remember(self, node: str, block: str, cols: Columns) -> None:
         """Keep the fast-path parse ``cols`` of ``node``'s start-time ``block``."""
         n = len(cols[3])
@@ -111,5 +130,5 @@ class DecodeReuse:
 
     def _put(self, node: str, entry: _Entry) -> None:
         if len(self._current) >= self.max_nodes and node not in self._current:
-            self.new_cycle()
+            self._previous, self._current = self._current, {}
         self._current[node] = entry

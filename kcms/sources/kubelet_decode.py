@@ -47,6 +47,12 @@ block that is the same text as at its last scrape (or the same but for one times
 lines) is not parsed again; its previous parse is used, with the same result. Bounded, per node, forgotten
 when the node is not scraped for a whole cycle.
 
+Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 128 nodes): a node's body that
+is its last clean body with other numbers in the same places is checked against that template in C
+(``str.split``, one join and one comparison) and only its numbers are converted; the batch is then
+assembled and screened exactly as for a full decode (:func:`_from_template`). Anything else is decoded
+in full. ``bench/scrape_cpu.py`` (simulator bodies, 50 nodes): decode 209-217 -> 160-164 us a body.
+
 Measured with ``python bench/decode.py`` (2-core shared development machine, Python 3.11; body of 30 pods x
 2 containers, 259 lines, 243 samples, as the kubelet writes it; best of several runs):
 
@@ -73,6 +79,7 @@ from kcms import limits
 from kcms.model import DecodeError, NodeBatch, ResourcePoint
 from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, screen_batch, screen_node_point
 from kcms.sources.decode_reuse import DecodeReuse
+from kcms.sources.decode_template import Template, build
 from kcms.sources.exposition import utf8_lines
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 from kcms.sources.summary_decode import decode_summary as _decode_summary
@@ -112,6 +119,27 @@ def seconds_to_ns(text: str, value: float) -> int:
         if abs(x - n) < 0.25:
             return n
     return int(_CTX.to_integral_value(_CTX.scaleb(Decimal(text), 9)))
+
+
+def _seconds_to_ns_each(texts: list[str], values: list[float]) -> list[int]:
+    """:func:`seconds_to_ns` of every value, the float test inlined.
+
+    Used for a block where some counter is past 2**20 s (12 core-days: common for long-running
+    containers; 38 % of the simulator's bodies) or not exact as a float product: only those values
+    are read from their text in decimal, the others without a function call each (~0.3 us less
+    per container, ~15 us for such a body).
+    """
+    out = []
+    add = out.append
+    for text, value in zip(texts, values, strict=True):
+        if value < _NS_FAST_LIMIT:
+            x = value * 1e9
+            n = round(x)
+            if abs(x - n) < 0.25:
+                add(n)
+                continue
+        add(int(_CTX.to_integral_value(_CTX.scaleb(Decimal(text), 9))))
+    return out
 
 
 def _bump(rejected: dict[str, int], reason: str, n: int = 1) -> None:
@@ -254,9 +282,9 @@ def _fast_block(block: str, fam: str, now: float) -> Columns | None:
             xs = list(map(mul, floats, repeat(1e9)))
             values: list[Any] = list(map(round, xs))
             if max(map(abs, map(sub, xs, values))) >= 0.25:
-                values = list(map(seconds_to_ns, vals, floats))
+                values = _seconds_to_ns_each(vals, floats)
         else:
-            values = list(map(seconds_to_ns, vals, floats))
+            values = _seconds_to_ns_each(vals, floats)
         times: Any = [now] * n if tss is None else list(map(truediv, map(float, tss), repeat(1000.0)))
     elif fam == _MEM:
         values = list(map(round, floats))
@@ -378,7 +406,18 @@ def decode_resource_metrics(
         text = text.replace("\r\n", "\n")
     if not text or text.isspace():
         raise DecodeError("malformed", f"kubelet response from {node} is empty")
-    acc = _Acc(time.time() if now is None else float(now))
+    now_ = time.time() if now is None else float(now)
+    if reuse is not None and not not_utf8:
+        template = reuse.templates.get(node)
+        if template is not None:
+            batch = _from_template(node, text, now_, template)
+            if batch is not None:
+                reuse.templates.hits += 1
+                template.uses += 1
+                reuse.touch(node)
+                return batch
+            reuse.templates.drop(node, template)
+    acc = _Acc(now_)
     acc.malformed = not_utf8
 
     spans = []
@@ -428,6 +467,70 @@ def decode_resource_metrics(
     else:
         if pos < len(text):
             _slow_lines(text[pos:], acc)
+    batch = _assemble(node, acc)
+    if reuse is not None and not batch.rejected and not not_utf8 and reuse.templates.want(node):
+        reuse.templates.put(node, build(text))
+    return batch
+
+
+def _from_template(node: str, text: str, now: float, t: Template) -> NodeBatch | None:
+    """The batch of ``text`` if it is ``t``'s body with other valid numbers (None: decode it in
+    full); built by :func:`_assemble` from the template's columns, as a full decode builds it
+    from the fast path's (see kcms/sources/decode_template.py)."""
+    vt = t.numbers(text)
+    if vt is None or "".join(vt).translate(_NUM_CHARS):
+        return None
+    n = t.n
+    cv = vt[:n]
+    if t.stamped:
+        mv = vt[2 * n : 3 * n]
+        tss = vt[n : 2 * n] + vt[3 * n : 5 * n]
+        rest = vt[5 * n :]
+    else:
+        mv = vt[n : 2 * n]
+        tss = ()
+        rest = vt[2 * n :]
+    if t.node_stamped:
+        tss += rest[1::2]
+    if tss and (not "".join(tss).isdigit() or max(map(len, tss)) > 18 or min(tss)[0] == "0"):
+        return None
+    try:
+        cpu = list(map(float, cv))
+        mem = list(map(float, mv))
+        node_values = list(map(float, rest[::2] if t.node_stamped else rest))
+    except ValueError:
+        return None
+    if not (0.0 <= min(cpu) and max(cpu) < math.inf and 0.0 <= min(mem) and max(mem) < math.inf):
+        return None  # also false for NaN
+    if node_values and not (0.0 <= min(node_values) and max(node_values) < math.inf):
+        return None
+    if max(cpu) < _NS_FAST_LIMIT:
+        xs = list(map(mul, cpu, repeat(1e9)))
+        cpu_ns: list[Any] = list(map(round, xs))
+        if max(map(abs, map(sub, xs, cpu_ns))) >= 0.25:
+            cpu_ns = _seconds_to_ns_each(list(cv), cpu)
+    else:
+        cpu_ns = _seconds_to_ns_each(list(cv), cpu)
+    times: list[float] = (
+        list(map(truediv, map(float, vt[n : 2 * n]), repeat(1000.0))) if t.stamped else [now] * n
+    )
+    acc = _Acc(now)
+    sig = t.signature
+    acc.columns = {
+        _CPU: (t.namespaces, t.pods, t.containers, cpu_ns, times, sig),
+        _MEM: (t.namespaces, t.pods, t.containers, list(map(round, mem)), None, sig),
+        _START: (t.namespaces, t.pods, t.containers, t.start, None, sig),
+    }
+    if t.node:
+        text_cpu = rest[0]
+        acc.node_cpu = (
+            seconds_to_ns(text_cpu, node_values[0]),
+            int(rest[1]) / 1000.0 if t.node_stamped else now,
+        )
+        acc.node_mem = round(node_values[1])
+    acc.scrape_error = t.scrape_error
+    acc.recognised = t.recognised
+    acc.names_checked = True  # every name of a template is within MAX_NAME_LENGTH
     return _assemble(node, acc)
 
 

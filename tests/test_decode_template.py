@@ -1,0 +1,235 @@
+"""Body templates (kcms.sources.decode_template): a node's next body decoded from its template gives
+exactly what the full decoder gives (batch, refusal counts, DecodeError), for good bodies, for
+random numbers in the numbers' places (NaN, negative, huge, leading zeros, not numbers at all), for
+random edits anywhere (labels, blanks, lines), and in sequences across nodes and cycles; the
+template is really used for the kubelet's bodies, refused for layouts it does not cover, bounded,
+and off (no memory) in clusters larger than its bound."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from _kubelet_decode_helpers import RESOURCE, build_resource_body
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kcms.model import DecodeError, NodeBatch
+from kcms.sim.kubelet import render_resource_metrics
+from kcms.sim.workload import generate_nodes, node_addresses
+from kcms.sources import decode_template
+from kcms.sources.kubelet_decode import DecodeReuse, decode_resource_metrics
+
+NOW = 1.7e9
+GOOD = build_resource_body(30, 2)  # stamped lines: " 1700000000123"
+PLAIN = build_resource_body(30, 2, timestamps=False)
+SMALL = build_resource_body(3, 1)
+
+
+def _sim_bodies() -> list[bytes]:
+    now = time.time()
+    nodes = generate_nodes(nodes=1, pods_per_node=6, containers_per_pod=(1, 3), seed=3, now=now - 3600,
+                           addresses=node_addresses("127.60.0.1", 1), ports=[10250],
+                           restart_every=None)  # fmt: skip
+    return [render_resource_metrics(nodes[0], now - 60 + 15 * k) for k in range(3)]
+
+
+SIM = _sim_bodies()
+BASES = [GOOD, PLAIN, SMALL, RESOURCE, *SIM]
+# a sample line's value and optional timestamp: the numbers a template leaves out
+_NUMBERS = re.compile(rb"(?m)^([^#\n][^ \n]*) ([^ \n]+)(?: ([^ \n]+))?$")
+
+
+def outcome(node: str, body: bytes, reuse: DecodeReuse | None = None) -> NodeBatch | str:
+    try:
+        return decode_resource_metrics(node, body, now=NOW, reuse=reuse)
+    except DecodeError as e:
+        return f"DecodeError:{e.reason}"
+
+
+def with_numbers(body: bytes, pick) -> bytes:
+    """``body`` with each sample line's value and timestamp replaced by ``pick(i, old)`` (or
+    ``pick(i, old, name)`` when it takes three arguments: ``name`` is the line's first token)."""
+    wants_name = pick.__code__.co_argcount == 3
+    count = [0]
+
+    def sub(m: re.Match[bytes]) -> bytes:
+        parts = [m.group(1)]
+        for g in (2, 3):
+            if m.group(g) is not None:
+                args = (count[0], m.group(g), m.group(1)) if wants_name else (count[0], m.group(g))
+                parts.append(pick(*args))
+                count[0] += 1
+        return b" ".join(parts)
+
+    return _NUMBERS.sub(sub, body)
+
+
+def test_the_kubelets_next_bodies_are_decoded_from_the_template() -> None:
+    for base in BASES:
+        reuse = DecodeReuse(max_templates=8)
+        assert isinstance(outcome("n", base, reuse), NodeBatch)
+        assert len(reuse.templates) == 1
+        # other numbers in the same places (last digit changed), but start times and the error
+        # gauge (a restart, a kubelet error: a new template)
+        later = with_numbers(
+            base,
+            lambda i, old, name: (
+                old
+                if name.startswith((b"container_start", b"resource_scrape"))
+                else old[:-1] + (b"7" if old[-1:] != b"7" else b"3")
+            ),
+        )
+        for body in (base, later, base):
+            want = outcome("n", body)
+            assert outcome("n", body, reuse) == want
+        assert reuse.templates.hits == 3 and reuse.templates.misses == 0
+    # the simulator's bodies, cycle after cycle (new values and timestamps every time)
+    reuse = DecodeReuse(max_templates=8)
+    for body in SIM:
+        reuse.new_cycle()
+        assert outcome("n", body, reuse) == outcome("n", body)
+    assert reuse.templates.hits == len(SIM) - 1
+
+
+_HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e-999", b"1.2.3", b"0123",
+                    b"0000000000000", b"99999999999999999999", b"9999999999999", b"1_0", b"0x10", b"1e",
+                    b"+5", b".5", b"5.", b"1E+20", b"2.5e+06", b"1048576.000000001", b"18446744073.709551616",
+                    b"\xd9\xa3", b"\xff", b"-", b"e", b"1e+308", b"4.9e-324", b"123456789012345678",
+                    b"1234567890123456789", b"17000000154567"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(range(len(BASES))),
+    st.dictionaries(st.integers(min_value=0, max_value=400), st.sampled_from(_HOSTILE_NUMBERS), max_size=6),
+)
+def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_index, changes) -> None:
+    base = BASES[base_index]
+    reuse = DecodeReuse(max_templates=4)
+    outcome("n", base, reuse)
+    body = with_numbers(base, lambda i, old: changes.get(i, old))
+    assert outcome("n", body, reuse) == outcome("n", body)
+    # and the good body again afterwards
+    assert outcome("n", base, reuse) == outcome("n", base)
+
+
+_EDIT_CHARS = list(' \t\n"\\{}=,#-+.eE0123456789_') + ["\x00", "\u0663", "\r", "\x0b", "\xa0", "\u2028"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.sampled_from(range(len(BASES))),
+            st.lists(
+                st.one_of(
+                    st.tuples(st.just("insert"), st.integers(0, 40000), st.sampled_from(_EDIT_CHARS)),
+                    st.tuples(st.just("delete"), st.integers(0, 40000), st.integers(1, 40)),
+                    st.tuples(st.just("line"), st.integers(0, 400), st.sampled_from(["dup", "drop", "swap"])),
+                    st.tuples(st.just("number"), st.integers(0, 400), st.sampled_from(_HOSTILE_NUMBERS)),
+                ),
+                max_size=3,
+            ),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_sequences_of_edited_bodies_decode_as_without_template(steps) -> None:
+    reuse = DecodeReuse(max_nodes=4, max_templates=2)
+    for node, index, edits, cycle in steps:
+        body = BASES[index]
+        for edit in edits:
+            kind, at, arg = edit
+            if kind == "insert":
+                text = body.decode("utf-8", "surrogateescape")
+                at = min(at, len(text))
+                body = (text[:at] + arg + text[at:]).encode("utf-8", "surrogateescape")
+            elif kind == "delete":
+                at = min(at, len(body))
+                body = body[:at] + body[at + arg :]
+            elif kind == "line":
+                lines = body.split(b"\n")
+                at %= len(lines)
+                if arg == "dup":
+                    lines.insert(at, lines[at])
+                elif arg == "drop":
+                    del lines[at]
+                elif at + 1 < len(lines):
+                    lines[at], lines[at + 1] = lines[at + 1], lines[at]
+                body = b"\n".join(lines)
+            else:
+                body = with_numbers(body, lambda i, old, at=at, arg=arg: arg if i == at else old)
+        assert outcome(node, body, reuse) == outcome(node, body)
+        if cycle:
+            reuse.new_cycle()
+        assert len(reuse.templates) <= 4
+
+
+def test_layouts_not_covered_are_not_templated() -> None:
+    lines = GOOD.split(b"\n")
+    cpu = [i for i, ln in enumerate(lines) if ln.startswith(b"container_cpu")]
+    variants = {
+        "comment inside a block": b"\n".join(lines[: cpu[3]] + [b"# note"] + lines[cpu[3] :]),
+        "other label order": GOOD.replace(b'{container="', b'{zz="1",container="', 1),
+        "tab": GOOD.replace(b" 1700000000123\n", b"\t1700000000123\n", 1),
+        "families not aligned": GOOD.replace(lines[cpu[0]] + b"\n", b"", 1) + lines[cpu[0]] + b"\n",
+        "a refusal": GOOD.replace(b" 1700000000123\n", b" 9999999999999\n", 1),
+    }
+    for name, body in variants.items():
+        reuse = DecodeReuse(max_templates=4)
+        first = outcome("n", body, reuse)
+        assert len(reuse.templates) == 0, name
+        assert outcome("n", body, reuse) == first == outcome("n", body), name
+
+
+def test_bounded_and_off_in_a_large_cluster() -> None:
+    reuse = DecodeReuse(max_templates=3)
+    for i in range(10):
+        outcome(f"n{i}", SMALL, reuse)
+    assert len(reuse.templates) == 3  # no more than the bound
+    reuse.new_cycle()  # a cycle of 10 bodies: more than the bound, so templates go
+    assert len(reuse.templates) == 0 and not reuse.templates.enabled
+    for i in range(10):
+        assert outcome(f"n{i}", SMALL, reuse) == outcome(f"n{i}", SMALL)
+    assert len(reuse.templates) == 0
+    reuse.new_cycle()
+    for i in range(2):  # the cluster shrank to 2 nodes: templates again
+        outcome(f"n{i}", SMALL, reuse)
+    reuse.new_cycle()
+    assert reuse.templates.enabled
+    for i in range(2):
+        outcome(f"n{i}", SMALL, reuse)
+    assert len(reuse.templates) == 2
+    # a node not decoded for a whole cycle is forgotten; forget() drops one at once
+    reuse.new_cycle()
+    outcome("n0", SMALL, reuse)
+    reuse.new_cycle()
+    assert len(reuse.templates) == 1
+    reuse.forget("n0")
+    assert len(reuse.templates) == 0
+
+
+def test_a_node_whose_body_keeps_changing_is_templated_less_and_less() -> None:
+    reuse = DecodeReuse(max_templates=4)
+    builds = 0
+    for k in range(40):
+        # a new start time every scrape: every template is dropped at its first use
+        body = GOOD.replace(b"} 1.6999", b"} 1.6998" if k % 2 else b"} 1.6997")
+        before = len(reuse.templates)
+        assert outcome("n", body, reuse) == outcome("n", body)
+        builds += len(reuse.templates) > before
+    assert builds <= 8  # 1, 2, 4, 8, 16 scrapes apart: not one build a scrape
+
+
+def test_two_nodes_never_share_a_template() -> None:
+    reuse = DecodeReuse(max_templates=4)
+    outcome("a", GOOD, reuse)
+    other = build_resource_body(30, 2, seed=2)
+    assert outcome("b", other, reuse) == outcome("b", other)
+    assert reuse.templates.hits == 0
+    assert outcome("a", other, reuse) == outcome("a", other)  # a's template does not fit b's body
+    assert decode_template.build(GOOD.decode()) is not None
