@@ -20,14 +20,18 @@ from kcms.statusbody import status_object
 
 try:
     # ISA-L's deflate: a 36 MB pod list compressed in 27-29 ms at level 1 here, zlib's level 2 took
-    # 211 ms and its output was 14 % larger; it releases the GIL like zlib (two threads: 34 ms).
+    # 211 ms and its output was 14 % larger. At ~1 ms a MiB it runs in the event loop: handing
+    # each chunk to a thread cost more than compressing it once the loop was also scraping (every
+    # hand-back waits for the GIL: a 56 MB list was ~350 ms slower gzipped than not at 5000 nodes).
     from isal import isal_zlib as _deflate
 
     GZIP_LEVEL = 1
-except ImportError:  # a platform without isal wheels: the standard library's zlib
+    GZIP_IN_LOOP = True
+except ImportError:  # a platform without isal wheels: the standard library's zlib, in a thread
     import zlib as _deflate  # type: ignore[no-redef]
 
     GZIP_LEVEL = 2
+    GZIP_IN_LOOP = False
 
 JSON = "application/json"
 GZIP_MIN_BYTES = 1024
@@ -310,8 +314,8 @@ def bytes_response(
     return web.Response(body=body, status=status, headers=hdrs)
 
 
-# Bodies above this are gzip-compressed in a worker thread (the compressor releases the GIL): a
-# 56 MB list of 150 000 pods took 1.2 s with zlib at level 4 in the event loop (bench/list_render.py).
+# Without ISA-L, bodies above this are gzip-compressed in a worker thread (zlib releases the GIL):
+# a 56 MB list of 150 000 pods took 1.2 s with zlib at level 4 in the event loop (bench/list_render.py).
 GZIP_OFFLOAD_BYTES = 256 * 1024
 
 
@@ -324,8 +328,9 @@ async def bytes_response_async(
     headers: dict[str, str] | None = None,
 ) -> web.Response:
     """:func:`bytes_response`, but a body above :data:`GZIP_OFFLOAD_BYTES` that the client accepts
-    gzipped is compressed in a worker thread, not in the event loop."""
-    if len(body) <= GZIP_OFFLOAD_BYTES or not _accepts_gzip(request):
+    gzipped is compressed in a worker thread, not in the event loop (unless ISA-L compresses it:
+    :data:`GZIP_IN_LOOP`)."""
+    if GZIP_IN_LOOP or len(body) <= GZIP_OFFLOAD_BYTES or not _accepts_gzip(request):
         return bytes_response(request, body, status=status, content_type=content_type, headers=headers)
     hdrs = _response_headers(content_type, headers)
     body = await asyncio.get_running_loop().run_in_executor(None, gzip_bytes, body)
@@ -343,8 +348,9 @@ async def stream_response(
     """A 200 whose body is ``chunks`` sent as they come (chunked transfer encoding), for bodies too
     large to build and then write in one go: the producer runs at the pace of the socket, the loop
     is free between chunks, and no whole body is held in memory. When the client accepts gzip, each
-    chunk is compressed (one gzip stream, :func:`gzip_compressor`) in a worker thread while the
-    next one is produced. Returns the response already sent; ``chunks`` is closed in every case.
+    chunk is compressed (one gzip stream, :func:`gzip_compressor`): in the loop with ISA-L, else
+    in a worker thread while the next one is produced. Returns the response already sent;
+    ``chunks`` is closed in every case.
     """
     hdrs = _response_headers(content_type, headers)
     compressor = None
@@ -359,6 +365,11 @@ async def stream_response(
         async for chunk in chunks:
             if compressor is None:
                 await resp.write(chunk)
+                continue
+            if GZIP_IN_LOOP:
+                compressed = compressor.compress(chunk)
+                if compressed:
+                    await resp.write(compressed)
                 continue
             compressed = await pending if pending is not None else b""
             pending = loop.run_in_executor(None, compressor.compress, chunk)
