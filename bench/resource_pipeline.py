@@ -265,7 +265,7 @@ class Run(ProcessRun):
         assert r is not None
         fig = {"p50_ms": statistics.median(samples), "p99_ms": pct(samples, 0.99), "max_ms": max(samples),
                "n": n, "items": len(items_of(r.body)), "wire_bytes": r.wire_bytes, "body_bytes": len(r.body),
-               "content_encoding": r.encoding}  # fmt: skip
+               "content_encoding": r.encoding, "samples_ms": [round(x, 1) for x in samples]}  # fmt: skip
         return fig, r
 
     def measure_lists(self) -> None:

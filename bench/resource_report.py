@@ -220,6 +220,8 @@ def raw_lines(r: dict) -> list[str]:
                 f"({f['n']} requests, {f['wire_bytes'] / 1e6:.2f} MB on the wire, {f['body_bytes'] / 1e6:.2f} MB body, "
                 f"Content-Encoding {f['content_encoding'] or 'identity'})"
             )
+            if what == "pods" and f.get("samples_ms"):  # the first follows a quiet minute: all re-rendered
+                out.append(f"    in order: {', '.join(f'{x:.0f}' for x in f['samples_ms'])} ms")
     for enc, f in r["floor"].items():
         out.append(
             f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
