@@ -85,7 +85,9 @@ async def test_single_objects_selectors_and_not_found(env: Env):
     assert status == 404 and body["message"] == 'podmetrics.metrics.k8s.io "nope" not found'
 
     status, body = await env.get(f"{BASE}/namespaces/{ns}/pods?labelSelector=app%3D{app}")
-    assert status == 200 and [i["metadata"]["name"] for i in body["items"]] == [name]
+    same = {i["metadata"]["name"] for i in all_pods["items"]
+            if i["metadata"]["namespace"] == ns and i["metadata"]["labels"]["app"] == app}  # fmt: skip
+    assert status == 200 and name in same and {i["metadata"]["name"] for i in body["items"]} == same
     status, body = await env.get(f"{BASE}/namespaces/{ns}/pods?labelSelector=app%21%3D{app}")
     assert name not in {i["metadata"]["name"] for i in body["items"]}
     status, body = await env.get(f"{BASE}/pods?fieldSelector=metadata.namespace%3D{ns}")
@@ -216,10 +218,13 @@ async def test_kubectl_get_raw(env: Env):
     assert len(body["items"]) == 12
     ns = body["items"][0]["metadata"]["namespace"]
     app = body["items"][0]["metadata"]["labels"]["app"]
+    same = {i["metadata"]["name"] for i in body["items"]
+            if i["metadata"]["namespace"] == ns and i["metadata"]["labels"]["app"] == app}  # fmt: skip
     body = await asyncio.to_thread(
         kubectl, "get", "--raw", f"{BASE}/namespaces/{ns}/pods?labelSelector=app%3D{app}"
     )
-    assert [i["metadata"]["labels"]["app"] for i in body["items"]] == [app]
+    assert {i["metadata"]["name"] for i in body["items"]} == same
+    assert {i["metadata"]["labels"]["app"] for i in body["items"]} == {app}
     body = await asyncio.to_thread(kubectl, "get", "--raw", "/apis/metrics.k8s.io/v1beta1")
     assert {r["name"] for r in body["resources"]} == {"nodes", "pods"}
 

@@ -1,4 +1,4 @@
-"""The list of every pod made of node blocks (kcms.apis.metrics.render.ListRenderer.all_pods) serves
+"""The list of every pod made of node blocks (kcms.apis.metrics.blocks.NodeBlocks) serves
 exactly what the per-pod path serves, whatever happens between two lists: new scrapes, pods
 added, relabelled, no longer Running or deleted in the inventory, pods moving to another node's
 scrape, nodes forgotten. Byte for byte the dict path's JSON, node by node in the store's order,
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_metrics_list_render import HOSTILE, POD_HEAD, MutableInventory, collect, pod_info
 
-from kcms.apis.metrics import convert, render
+from kcms.apis.metrics import blocks, convert, render
 from kcms.model import NodeBatch, ResourcePoint
 from kcms.store.resource import ResourceStore
 
@@ -79,7 +79,7 @@ def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
     for namespace, name in PODS:
         inv.put_pod(pod_info(namespace, name, {"app": "web"}))
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
     t = START
     lists = 0
     for op in [*ops, ("list",)]:
@@ -95,7 +95,7 @@ def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
             store.forget_node(NODES[op[1]])
         else:
             now = time.monotonic()
-            got = asyncio.run(collect(POD_HEAD, renderer.all_pods(store, now, CREATED)))
+            got = asyncio.run(collect(POD_HEAD, renderer.items(store, now, CREATED)))
             expected, per_pod = reference(store, inv, now)
             assert got == expected
             names = [
@@ -112,10 +112,10 @@ def test_a_pod_moving_to_another_node_is_listed_once_with_its_new_readings():
     inv.put_pod(pod_info("a", "p0", {}))  # PODS[0]
     inv.put_pod(pod_info("b", "p1", {}))  # PODS[1]
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
 
     def listed() -> dict:
-        body = asyncio.run(collect(POD_HEAD, renderer.all_pods(store, time.monotonic(), CREATED)))
+        body = asyncio.run(collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED)))
         items = orjson.loads(body)["items"]
         by_name = {i["metadata"]["name"]: i for i in items}
         assert len(by_name) == len(items)  # each pod once
@@ -160,11 +160,11 @@ async def test_all_pods_follow_the_kubernetes_inventory_through_its_change_log(f
     inv = KubeInventory(client, pod_node_names=False)
     await inv.start()
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
 
     async def listed() -> dict:
         now = time.monotonic()
-        body = await collect(POD_HEAD, renderer.all_pods(store, now, CREATED))
+        body = await collect(POD_HEAD, renderer.items(store, now, CREATED))
         expected, per_pod = reference(store, inv, now)
         assert body == expected
         items = orjson.loads(body)["items"]
@@ -227,7 +227,7 @@ def test_the_change_log_is_bounded_and_says_when_it_no_longer_reaches_back():
 
 
 def rendered(when: str) -> float:
-    return render.BLOCKS_RENDERED.labels(when)._value.get()  # noqa: SLF001 - prometheus_client's value
+    return blocks.BLOCKS_RENDERED.labels(when)._value.get()  # noqa: SLF001 - prometheus_client's value
 
 
 async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often_and_not_after():
@@ -237,7 +237,7 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often
     for namespace, name in PODS:
         inv.put_pod(pod_info(namespace, name, {"app": "web"}))
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv, prerender_within=5.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
     t = START
     for t in (START, START + 15):
         for n, node in enumerate(NODES):
@@ -245,7 +245,7 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often
 
     async def listed() -> bytes:
         now = time.monotonic()
-        body = await collect(POD_HEAD, renderer.all_pods(store, now, CREATED))
+        body = await collect(POD_HEAD, renderer.items(store, now, CREATED))
         assert body == reference(store, inv, now)[0]
         return body
 
@@ -279,12 +279,12 @@ async def test_lists_further_apart_than_a_resolution_never_render_ahead():
     for namespace, name in PODS:
         inv.put_pod(pod_info(namespace, name, {}))
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = render.ListRenderer(inv, prerender_within=0.5)  # "a resolution" of 0.5 s
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0.5)  # "a resolution" of 0.5 s
     for t in (START, START + 15):
         store.store(scrape("n0", set(range(8)), 1, t))
     ahead = rendered("ahead")
     for i in range(3):
-        await collect(POD_HEAD, renderer.all_pods(store, time.monotonic(), CREATED))
+        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
         store.store(scrape("n0", set(range(8)), 1, START + 30 + 15 * i))
         await asyncio.sleep(1.0)  # lists 1 s apart: rendering ahead would cost more than it saves
     assert rendered("ahead") == ahead

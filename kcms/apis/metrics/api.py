@@ -13,8 +13,9 @@ import time
 from aiohttp import web
 
 from kcms.apis.metrics import convert
+from kcms.apis.metrics.blocks import PRERENDER_WITHIN, NodeBlocks
 from kcms.apis.metrics.openapi import DEFINITIONS, PATHS
-from kcms.apis.metrics.render import PRERENDER_WITHIN, ListRenderer, list_response
+from kcms.apis.metrics.render import ListRenderer, list_response
 from kcms.apis.objects import nodes_in_scope, pods_in_scope
 from kcms.apiserver import APIGroupVersion, StatusError, TableConverter, bad_request, not_found, respond
 from kcms.apiserver.responses import negotiate
@@ -82,9 +83,11 @@ class MetricsAPI:
         self.store = store
         # Rendered JSON pieces per node and pod, reused while neither the object nor its usage
         # changes: listing 150 000 pods then formats nothing twice.
-        # Rendering ahead pays off while lists of every pod come at least once a resolution.
+        self.renderer = ListRenderer(inventory)
+        # The list of every pod, node by node (blocks.py). Rendering ahead pays off while such lists
+        # come at least once a resolution.
         resolution = getattr(store, "resolution", None)  # a ResourceStore's; replicas: the default
-        self.renderer = ListRenderer(inventory, prerender_within=resolution or PRERENDER_WITHIN)
+        self.pod_blocks = NodeBlocks(self.renderer, prerender_within=resolution or PRERENDER_WITHIN)
 
     async def _view(self, kind: str, namespace: str | None, names: list[str] | None):
         """What to read usage from: the store itself, or (store replicas) a snapshot of the
@@ -167,8 +170,8 @@ class MetricsAPI:
         keep = object_filter(labels, fields, namespaced=True)
         if negotiate(request.headers.get("Accept")).table_version is None:
             if namespace is None and name is None and keep is None and hasattr(store, "pod_blocks"):
-                # Every pod (kubectl top pods -A): node blocks, a few µs per node (render.py).
-                chunks = self.renderer.all_pods(store, now, created)
+                # Every pod (kubectl top pods -A): node blocks, a few µs per node (blocks.py).
+                chunks = self.pod_blocks.items(store, now, created)
                 return await list_response(request, "PodMetricsList", chunks)
             snapshot = store is not self.store  # new usage objects per request: compare values
             chunks = self.renderer.pods(pods, store.pod_usage, now, keep, created, by_value=snapshot)

@@ -1,0 +1,253 @@
+"""The list of every pod (no namespace, no selector: ``kubectl top pods -A``, the VPA recommender,
+dashboards) made of *node blocks*.
+
+Per node, its pods' items are kept already joined into a few byte strings around the request-time
+``creationTimestamp`` (``created.join(parts)``), made of :mod:`.render`'s pieces. A block is valid
+while the store's token for the node is unchanged
+(:meth:`kcms.store.resource.ResourceStore.pod_blocks`: a new one per scrape of the node, or when
+one of its pods moves to another node's scrape) and none of its pods changed in the inventory:
+an inventory with a change log (:class:`kcms.model.PodChangeLog`, the Kubernetes informers) says
+which pods did, and only their nodes' blocks are dropped; another is checked pod by pod (one
+C-level ``map`` per node). A list then costs a few microseconds per node rather than per pod: at
+150 000 pods the per-pod loop alone took ~300 ms, more than writing the 56 MB to the socket
+(bench/list_render.py: 354 -> 144 ms for the whole list, cached).
+
+Items come node by node, in the store's order, each node's pods in its kubelet's order; lists by
+namespace or selector keep :class:`~kcms.apis.metrics.render.ListRenderer`'s per-pod path and the
+inventory's order (Kubernetes lists of aggregated resources promise no order; metrics-server's
+follow its informer's map).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import orjson
+from prometheus_client import Counter
+
+from kcms.apis.metrics.convert import TimeFormatter
+from kcms.apis.metrics.render import SLICE, ListRenderer, Texts, pod_usage_fragment
+from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
+from kcms.store.resource import PodUsage
+
+# The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
+# each write and compression call costs little, small enough to overlap rendering and the socket.
+BLOCK_CHUNK_BYTES = 1 << 20
+# Blocks are rendered ahead while all-pods lists come at most this many seconds apart (the
+# resolution: rendering a node once per scrape then costs what the lists would spend anyway),
+# looking for stale ones every PRERENDER_PERIOD seconds (see NodeBlocks._keep_rendering).
+PRERENDER_WITHIN = 15.0
+PRERENDER_PERIOD = 0.5
+# Blocks of nodes no longer in the store are dropped once they are this many beyond twice the
+# nodes listed.
+BLOCKS_SLACK = 100
+_dumps = orjson.dumps
+
+BLOCKS_RENDERED = Counter(
+    "kcms_metrics_pod_blocks_rendered",
+    "Nodes whose pods were rendered for the list of every pod, by when: ahead (in the background, "
+    "after the node's scrape, while lists come) or on_list (by the list that needed them).",
+    ["when"],
+)
+_AHEAD = BLOCKS_RENDERED.labels("ahead")
+_ON_LIST = BLOCKS_RENDERED.labels("on_list")
+
+
+class PodBlocks(Protocol):
+    """What :meth:`NodeBlocks.items` reads: :class:`kcms.store.resource.ResourceStore`."""
+
+    def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]: ...
+
+    def pod_node(self, namespace: str, name: str) -> str: ...
+
+    def node_pod_usages(self, node: str) -> list[tuple[PodKey, PodUsage | None]]: ...
+
+
+class _NodeBlock:
+    """One node's pods as list items: ``created.join(parts)`` is their JSON (with a leading comma),
+    valid while the store's token for the node is ``token`` and the inventory still holds exactly
+    ``infos`` (None: absent) under ``namespaces``/``names``."""
+
+    __slots__ = ("infos", "names", "namespaces", "parts", "token")
+
+    def __init__(
+        self,
+        token: object,
+        namespaces: list[str],
+        names: list[str],
+        infos: list[PodInfo | None],
+        parts: list[bytes],
+    ) -> None:
+        self.token = token
+        self.namespaces = namespaces
+        self.names = names
+        self.infos = infos
+        self.parts = parts
+
+
+class NodeBlocks:
+    """Every node's pods rendered as list items, for :meth:`items`, and rendered ahead while such
+    lists come often (:meth:`_keep_rendering`)."""
+
+    def __init__(self, renderer: ListRenderer, *, prerender_within: float = PRERENDER_WITHIN) -> None:
+        self.renderer = renderer  # its pod cache holds the metadata pieces; its texts are shared
+        self.inventory: Inventory = renderer.inventory
+        self.prerender_within = prerender_within  # 0: never render ahead
+        self._blocks: dict[str, _NodeBlock] = {}  # node name -> its pods rendered
+        self._inventory_version = -1  # the inventory's pod_changes() version the blocks reflect
+        self._unverified = True  # blocks must be checked pod by pod against the inventory
+        self._last_all_pods = -1e9  # monotonic time the last list started
+        self._prerender_until = 0.0  # render ahead until then (monotonic)
+        self._prerender_store: PodBlocks | None = None
+        self._prerender_handle: asyncio.TimerHandle | None = None
+
+    def cached(self) -> int:
+        """How many node blocks are held."""
+        return len(self._blocks)
+
+    async def items(self, store: PodBlocks, now: float, created: str) -> AsyncIterator[bytes]:
+        """The items (in chunks of about :data:`BLOCK_CHUNK_BYTES`) of every Running pod that has
+        usage in ``store``, node by node (see the module docstring)."""
+        started = time.monotonic()
+        blocks = self._blocks
+        lookup = self.inventory.pod
+        self._apply_inventory_changes(store)
+        check_all = self._unverified or not isinstance(self.inventory, PodChangeLog)
+        self._unverified = False  # this pass checks every block it serves
+        created_json = _dumps(created)
+        texts = self.renderer.texts
+        fmt = TimeFormatter()
+        seen: list[str] = []
+        pieces: list[bytes] = []
+        size = work = 0
+        first = True
+        for node, token in store.pod_blocks(now):
+            seen.append(node)
+            block = blocks.get(node)
+            if block is not None and block.token is token:
+                work += 1
+                if check_all and list(map(lookup, block.namespaces, block.names)) != block.infos:
+                    block = None  # a pod of the node changed (labels, phase) or left the inventory
+            else:
+                block = None
+            if block is None:
+                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
+                work += len(block.infos)
+                _ON_LIST.inc()
+            if block.parts:
+                text = created_json.join(block.parts)
+                pieces.append(text)
+                size += len(text)
+            if size >= BLOCK_CHUNK_BYTES:
+                if first:
+                    pieces[0] = pieces[0][1:]  # no separator before the first item
+                    first = False
+                yield b"".join(pieces)
+                pieces = []
+                size = 0
+            if work >= SLICE:
+                work = 0
+                await asyncio.sleep(0)
+        if pieces:
+            if first:
+                pieces[0] = pieces[0][1:]
+            yield b"".join(pieces)
+        if len(blocks) > 2 * len(seen) + BLOCKS_SLACK:
+            for node in blocks.keys() - set(seen):
+                del blocks[node]
+        await self.renderer.sweep_if_grown()
+        self._keep_rendering(store, started)
+
+    def _apply_inventory_changes(self, store: PodBlocks) -> None:
+        """Drop the blocks holding a pod the inventory changed since the last call. When it cannot
+        tell (its log no longer reaches back), the next list checks every block
+        (``_unverified``); an inventory without a change log is always checked so."""
+        if not isinstance(self.inventory, PodChangeLog):
+            return
+        version, changed = self.inventory.pod_changes(self._inventory_version)
+        self._inventory_version = version
+        if changed is None:
+            self._unverified = True
+            return
+        blocks = self._blocks
+        owner = store.pod_node
+        for namespace, name in changed:
+            blocks.pop(owner(namespace, name), None)
+
+    # -- rendering ahead -----------------------------------------------------------------------
+    # At 15 s resolution a node's readings change every 15 s, so a list a scrape cycle after the
+    # last one renders every pod again (~9 µs a pod: 1.4 s at 150 000 pods). When lists of every
+    # pod come at least once a resolution (a `watch kubectl top pods -A`, a dashboard), each node
+    # is rendered once per scrape whoever does it: then it is done in the background right after
+    # the scrape, a slice at a time between other work (loop callbacks: no task to cancel at
+    # shutdown), and the next list finds it ready. It goes on for twice the last gap between two
+    # such lists (at most ``prerender_within``), so it stops soon after the lists do; lists further
+    # apart (the VPA recommender's every minute, someone's occasional `kubectl top`) never start
+    # it: rendering ahead would then cost more than rendering on demand.
+
+    def _keep_rendering(self, store: PodBlocks, started: float) -> None:
+        """Called as a list of every pod that started at ``started`` ends."""
+        gap = started - self._last_all_pods
+        self._last_all_pods = started
+        if gap > self.prerender_within:
+            return
+        self._prerender_until = time.monotonic() + min(2 * gap, self.prerender_within)
+        self._prerender_store = store
+        if self._prerender_handle is None:
+            loop = asyncio.get_running_loop()
+            self._prerender_handle = loop.call_later(PRERENDER_PERIOD, self._prerender_step)
+
+    def _prerender_step(self) -> None:
+        """Render stale blocks worth about :data:`SLICE` pods; come back at once while there are
+        more, after :data:`PRERENDER_PERIOD` when none are left."""
+        self._prerender_handle = None
+        store = self._prerender_store
+        now = time.monotonic()
+        if store is None or now > self._prerender_until:
+            self._prerender_store = None
+            return
+        self._apply_inventory_changes(store)  # the dropped blocks are rendered again below
+        blocks = self._blocks
+        texts = self.renderer.texts
+        fmt = TimeFormatter()
+        budget = SLICE
+        for node, token in store.pod_blocks(now):
+            block = blocks.get(node)
+            if block is None or block.token is not token:
+                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
+                _AHEAD.inc()
+                budget -= len(block.infos) + 1
+                if budget <= 0:
+                    break
+        loop = asyncio.get_running_loop()
+        self._prerender_handle = loop.call_later(0 if budget <= 0 else PRERENDER_PERIOD, self._prerender_step)
+
+    def _node_block(
+        self, node: str, token: object, store: PodBlocks, texts: Texts, fmt: TimeFormatter
+    ) -> _NodeBlock:
+        """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the renderer's
+        pod cache; the block itself holds the rendered usage)."""
+        lookup = self.inventory.pod
+        pieces_of = self.renderer.pod_pieces
+        namespaces: list[str] = []
+        names: list[str] = []
+        infos: list[PodInfo | None] = []
+        parts: list[bytes] = []
+        pending = b""  # the previous item's body, joined with the next item's head
+        # The pods whose readings are this node's (not those that moved to another node's scrape).
+        for (namespace, name), usage in store.node_pod_usages(node):
+            pod = lookup(namespace, name)
+            namespaces.append(namespace)
+            names.append(name)
+            infos.append(pod)
+            if pod is None or pod.phase != "Running" or usage is None:
+                continue
+            entry = pieces_of(pod)
+            parts.append(pending + entry[1])
+            pending = entry[2] + pod_usage_fragment(usage, texts, fmt)
+        if parts:
+            parts.append(pending)
+        return _NodeBlock(token, namespaces, names, infos, parts)
