@@ -56,7 +56,11 @@ class DecodeReuse:
         self.templates = BodyTemplates(min(max_templates, self.max_nodes))
 
     def __len__(self) -> int:
-        return len(self._current) + sum(1 for n in self._previous if n not in self._current)
+        """Nodes remembered (a start-time entry, or a template)."""
+        nodes = self._current.keys() | self._previous.keys()
+        if self.templates.enabled:
+            nodes |= self.templates.nodes()
+        return len(nodes)
 
     def new_cycle(self) -> None:
         """Forget the nodes not decoded since the previous call (nodes gone, or failing)."""
@@ -101,15 +105,13 @@ class DecodeReuse:
 
     def touch(self, node: str) -> None:
         """``node``'s body was decoded from its template (kcms/sources/decode_template.py), which
-        holds the same start-time parse: counted as a reuse, its entry kept as :meth:`lookup`
-        keeps it (the bookkeeping is the same with or without templates)."""
-        entry = self._current.get(node)
-        if entry is None:
-            entry = self._previous.get(node)
-            if entry is None:
-                return
-            self._put(node, entry)
+        holds its start-time parse too: counted as a reuse, and the node's own entry here is
+        dropped (~11 kB: the template has what it has; a full decode makes it again)."""
         self.hits += 1
+        if self._current:
+            self._current.pop(node, None)
+        if self._previous:
+            self._previous.pop(node, None)
 
     def remember(self, node: str, block: str, cols: Columns) -> None:
         """Keep the fast-path parse ``cols`` of ``node``'s start-time ``block``."""

@@ -298,6 +298,9 @@ class BodyTemplates:
         if not self.enabled or len(self._backoff) > 4 * self.max_nodes:
             self._backoff.clear()
 
+    def nodes(self) -> set[str]:
+        return self._current.keys() | self._previous.keys()
+
     def forget(self, node: str) -> None:
         self._current.pop(node, None)
         self._previous.pop(node, None)
