@@ -6,16 +6,33 @@ The configuration modules are pure (no I/O besides reading the file): they turn 
 a group-resource, a namespace, object names, a selector -- into the PromQL prometheus-adapter would send.
 """
 
-from kcms.apis.prometheus.config import (
-    AdapterConfig,
-    ConfigError,
-    DiscoveryRule,
-    load_adapter_config,
-    read_adapter_config,
-)
-from kcms.apis.prometheus.matchers import QueryBuildError
-from kcms.apis.prometheus.naming import MetricNamer, ResourceRules
-from kcms.apis.prometheus.resources import GroupResource, ResourceMapper
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# The names below, from their modules on first use: `kcms.apis.prometheus.resources` is imported by
+# every server (remote write binds series with it), the rest only when a --config is read.
+_EXPORTS = {
+    "AdapterConfig": "config",
+    "ConfigError": "config",
+    "DiscoveryRule": "config",
+    "load_adapter_config": "config",
+    "read_adapter_config": "config",
+    "QueryBuildError": "matchers",
+    "MetricNamer": "naming",
+    "ResourceRules": "naming",
+    "GroupResource": "resources",
+    "ResourceMapper": "resources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "AdapterConfig",
