@@ -69,6 +69,8 @@ def test_the_kubelets_next_bodies_are_decoded_from_the_template() -> None:
     for base in BASES:
         reuse = DecodeReuse(max_templates=8)
         assert isinstance(outcome("n", base, reuse), NodeBatch)
+        assert len(reuse.templates) == 0  # made at the node's second full decode
+        assert outcome("n", base, reuse) == outcome("n", base)
         assert len(reuse.templates) == 1
         # other numbers in the same places (last digit changed), but start times and the error
         # gauge (a restart, a kubelet error: a new template)
@@ -89,7 +91,7 @@ def test_the_kubelets_next_bodies_are_decoded_from_the_template() -> None:
     for body in SIM:
         reuse.new_cycle()
         assert outcome("n", body, reuse) == outcome("n", body)
-    assert reuse.templates.hits == len(SIM) - 1
+    assert reuse.templates.hits == len(SIM) - 2
 
 
 _HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e-999", b"1.2.3", b"0123",
@@ -108,6 +110,7 @@ def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_in
     base = BASES[base_index]
     reuse = DecodeReuse(max_templates=4)
     outcome("n", base, reuse)
+    outcome("n", base, reuse)  # the template is made now
     body = with_numbers(base, lambda i, old: changes.get(i, old))
     assert outcome("n", body, reuse) == outcome("n", body)
     # and the good body again afterwards
@@ -182,31 +185,39 @@ def test_layouts_not_covered_are_not_templated() -> None:
     for name, body in variants.items():
         reuse = DecodeReuse(max_templates=4)
         first = outcome("n", body, reuse)
+        assert outcome("n", body, reuse) == first
         assert len(reuse.templates) == 0, name
         assert outcome("n", body, reuse) == first == outcome("n", body), name
 
 
 def test_bounded_and_off_in_a_large_cluster() -> None:
     reuse = DecodeReuse(max_templates=3)
-    for i in range(10):
-        outcome(f"n{i}", SMALL, reuse)
-    assert len(reuse.templates) == 3  # no more than the bound
-    reuse.new_cycle()  # a cycle of 10 bodies: more than the bound, so templates go
+
+    def cycle(count: int) -> None:
+        reuse.new_cycle()
+        for i in range(count):
+            assert outcome(f"n{i}", SMALL, reuse) == outcome(f"n{i}", SMALL)
+
+    cycle(2)
+    cycle(2)
+    assert len(reuse.templates) == 2  # made at each node's second decode
+    cycle(10)  # the cluster grew past the bound: no template made beyond it
+    assert len(reuse.templates) <= 3
+    cycle(10)  # after a cycle of 10 bodies templates are off, and freed
     assert len(reuse.templates) == 0 and not reuse.templates.enabled
-    for i in range(10):
-        assert outcome(f"n{i}", SMALL, reuse) == outcome(f"n{i}", SMALL)
-    assert len(reuse.templates) == 0
-    reuse.new_cycle()
-    for i in range(2):  # the cluster shrank to 2 nodes: templates again
-        outcome(f"n{i}", SMALL, reuse)
-    reuse.new_cycle()
-    assert reuse.templates.enabled
-    for i in range(2):
-        outcome(f"n{i}", SMALL, reuse)
-    assert len(reuse.templates) == 2
+    # a large cluster from the start never makes one (the first cycle is past the bound as well)
+    fresh = DecodeReuse(max_templates=3)
+    for _ in range(3):
+        fresh.new_cycle()
+        for i in range(10):
+            outcome(f"n{i}", SMALL, fresh)
+        assert len(fresh.templates) == 0
+    cycle(2)  # it shrank to 2 nodes: on again (first sight, then the template)
+    cycle(2)
+    cycle(2)
+    assert reuse.templates.enabled and len(reuse.templates) == 2
     # a node not decoded for a whole cycle is forgotten; forget() drops one at once
-    reuse.new_cycle()
-    outcome("n0", SMALL, reuse)
+    cycle(1)
     reuse.new_cycle()
     assert len(reuse.templates) == 1
     reuse.forget("n0")
@@ -227,6 +238,7 @@ def test_a_node_whose_body_keeps_changing_is_templated_less_and_less() -> None:
 
 def test_two_nodes_never_share_a_template() -> None:
     reuse = DecodeReuse(max_templates=4)
+    outcome("a", GOOD, reuse)
     outcome("a", GOOD, reuse)
     other = build_resource_body(30, 2, seed=2)
     assert outcome("b", other, reuse) == outcome("b", other)

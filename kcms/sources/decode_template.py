@@ -25,9 +25,10 @@ of that (``bench/scrape_cpu.py`` figures in ``docs/performance.md``, "CPU in sma
 Only bodies in the kubelet's layout are templated: every sample line ``name{labels} V[ T]`` with
 single blanks, container families with labels exactly ``container,namespace,pod`` in one
 contiguous run each, listing the same series in the same order, and a full decode with no
-refusal at all. For small clusters: at most ``max_nodes`` (128) templates, and none at all after a
-cycle that decoded more bodies than that (a large cluster spends no memory on them and decodes as
-before); a node not decoded for a whole cycle is forgotten. ~30 kB a node for 60 containers (the
+refusal at all, made at a node's second full decode. For small clusters: at most ``max_nodes``
+(128) templates, none during a cycle past that many bodies, and none at all after a cycle that
+decoded more (a large cluster makes none, so spends no memory on them, and decodes as before); a
+node not decoded for a whole cycle is forgotten. ~30 kB a node for 60 containers (the
 constant text), so at most ~4 MB.
 """
 
@@ -269,14 +270,17 @@ class BodyTemplates:
     so does a node whose body does not fit the layout (64 scrapes).
     """
 
-    __slots__ = ("_current", "_previous", "_wait", "_backoff", "_decoded", "enabled", "max_nodes", "hits",
-                 "misses")  # fmt: skip
+    __slots__ = ("_current", "_previous", "_wait", "_backoff", "_seen", "_decoded", "enabled", "max_nodes",
+                 "hits", "misses")  # fmt: skip
 
     def __init__(self, max_nodes: int = DEFAULT_TEMPLATES) -> None:
         self._current: dict[str, Template] = {}
         self._previous: dict[str, Template] = {}
         self._wait: dict[str, int] = {}  # node -> scrapes before trying to template it again
         self._backoff: dict[str, int] = {}  # node -> the next wait after an early drop
+        # nodes decoded once already: a template is made at a node's second full decode, so the
+        # first cycle of a large cluster (before a cycle has shown its size) makes none
+        self._seen: set[str] = set()
         self._decoded = 0  # bodies decoded this cycle
         self.max_nodes = max(0, max_nodes)
         self.enabled = self.max_nodes > 0
@@ -293,6 +297,8 @@ class BodyTemplates:
         self._decoded = 0
         self._previous = {} if not self.enabled else self._current
         self._current = {}
+        if not self.enabled or len(self._seen) > 4 * self.max_nodes:
+            self._seen.clear()
         if not self.enabled or len(self._wait) > 4 * self.max_nodes:
             self._wait.clear()
         if not self.enabled or len(self._backoff) > 4 * self.max_nodes:
@@ -306,6 +312,7 @@ class BodyTemplates:
         self._previous.pop(node, None)
         self._wait.pop(node, None)
         self._backoff.pop(node, None)
+        self._seen.discard(node)
 
     def get(self, node: str) -> Template | None:
         """``node``'s template (None: none, or templates are disabled); counts the decode."""
@@ -332,8 +339,12 @@ class BodyTemplates:
             self._backoff.pop(node, None)
 
     def want(self, node: str) -> bool:
-        """Whether to template ``node``'s body just decoded (enabled, room left, not waiting)."""
-        if not self.enabled:
+        """Whether to template ``node``'s body just decoded (enabled, room left, the node's second
+        full decode at least, not waiting)."""
+        if not self.enabled or self._decoded > self.max_nodes or len(self._current) >= self.max_nodes:
+            return False
+        if node not in self._seen:
+            self._seen.add(node)
             return False
         wait = self._wait.get(node)
         if wait:
@@ -342,7 +353,7 @@ class BodyTemplates:
             else:
                 self._wait[node] = wait - 1
             return False
-        return len(self._current) < self.max_nodes
+        return True
 
     def put(self, node: str, template: Template | None) -> None:
         if template is None:
