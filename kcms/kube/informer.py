@@ -145,7 +145,7 @@ class Informer(Generic[T]):
             return self.version, None
         return self.version, list(islice(self._log, version - self._log_floor, None))
 
-    def _changed(self, key: Hashable) -> None:
+    def _log_change(self, key: Hashable) -> None:
         self.version += 1
         log_ = self._log
         log_.append(key)
@@ -291,7 +291,7 @@ class Informer(Generic[T]):
 
     def _put(self, value: T) -> None:
         k = self.key(value)
-        self._changed(k)
+        self._log_change(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is None:
@@ -311,7 +311,7 @@ class Informer(Generic[T]):
         self._remove_key(self.key(value))
 
     def _remove_key(self, k: Hashable) -> None:
-        self._changed(k)
+        self._log_change(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is not None and inner.pop(k[1], None) is not None:  # type: ignore[index]
