@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_metrics_list_render import HOSTILE, POD_HEAD, MutableInventory, collect, pod_info
 
 from kcms.apis.metrics import blocks, convert, render
-from kcms.model import NodeBatch, ResourcePoint
+from kcms.model import NodeBatch, PodChangeLog, ResourcePoint
 from kcms.store.resource import ResourceStore
 
 NODES = ["n0", "n1", "n2"]
@@ -288,3 +288,58 @@ async def test_lists_further_apart_than_a_resolution_never_render_ahead():
         store.store(scrape("n0", set(range(8)), 1, START + 30 + 15 * i))
         await asyncio.sleep(1.0)  # lists 1 s apart: rendering ahead would cost more than it saves
     assert rendered("ahead") == ahead
+
+
+class LoggedInventory(MutableInventory):
+    """A test inventory with a change log (kcms.model.PodChangeLog) that can lose it (a relist)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+        self.floor = 0
+        self.log: list[tuple[str, str]] = []
+
+    def put_pod(self, pod) -> None:
+        super().put_pod(pod)
+        self.version += 1
+        self.log.append((pod.namespace, pod.name))
+
+    def relist(self, pod) -> None:
+        """Replace ``pod`` without logging it, as a relist does: the log no longer reaches back."""
+        self.pod_map[(pod.namespace, pod.name)] = pod
+        self.version += 1
+        self.floor = self.version
+        self.log = []
+
+    def pod_changes(self, since: int):
+        if since < self.floor:
+            return self.version, None
+        return self.version, self.log[since - self.floor :]
+
+
+async def test_a_list_cut_short_after_a_relist_leaves_the_check_of_every_block_to_the_next():
+    inv = LoggedInventory()
+    keys = {node: [("ns", f"{node}-p{i}") for i in range(2500)] for node in NODES}  # > 1 MiB before n2
+    for node_keys in keys.values():
+        for namespace, name in node_keys:
+            inv.put_pod(pod_info(namespace, name, {"app": "web"}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    for t in (START, START + 15):
+        for node, node_keys in keys.items():
+            batch = NodeBatch(node, None)
+            for i, key in enumerate(node_keys):
+                batch.pods[key] = {
+                    "c": ResourcePoint(START - 3600, t, int((i + 1) * 1e7 * (t - START + 3600)), 4096)
+                }
+            store.store(batch)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
+    assert isinstance(inv, PodChangeLog)
+    await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))  # every block built
+    inv.relist(pod_info("ns", "n2-p7", {"app": "relabelled"}))  # n2 is the last node listed
+    chunks = renderer.items(store, time.monotonic(), CREATED)
+    first = await chunks.__anext__()
+    assert b"relabelled" not in first and len(first) >= blocks.BLOCK_CHUNK_BYTES
+    await chunks.aclose()  # the client left: n2's block was not checked
+    now = time.monotonic()
+    body = await collect(POD_HEAD, renderer.items(store, now, CREATED))
+    assert body == reference(store, inv, now)[0] and b'"relabelled"' in body
