@@ -97,7 +97,7 @@ class Inventory(Protocol):
 @runtime_checkable
 class PodChangeLog(Protocol):
     """An inventory that can tell which pods changed: caches of per-pod renderings then check only
-    those instead of every pod (kcms/apis/metrics/render.py)."""
+    those instead of every pod (kcms/apis/metrics/blocks.py)."""
 
     def pod_changes(self, since: int) -> tuple[int, Iterable[PodKey] | None]:
         """``(version, keys of pods added, changed or removed after version ``since``)``; None
