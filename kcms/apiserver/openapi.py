@@ -256,11 +256,14 @@ META_DEFINITIONS: dict[str, Any] = {
 }
 
 
-def list_definition(package: str, item: str, gvk: list[dict[str, str]]) -> dict[str, Any]:
+def list_definition(
+    package: str, item: str, gvk: list[dict[str, str]], description: str | None = None
+) -> dict[str, Any]:
     """The Swagger 2.0 definition of a Kubernetes list kind whose items are ``<package>.<item>``;
-    ``gvk`` is its ``x-kubernetes-group-version-kind`` (the list kind's)."""
+    ``gvk`` is its ``x-kubernetes-group-version-kind`` (the list kind's); ``description`` defaults
+    to "A list of <item> objects."."""
     return {
-        "description": f"A list of {item} objects.",
+        "description": description or f"A list of {item} objects.",
         "type": "object",
         "required": ["items"],
         "properties": {

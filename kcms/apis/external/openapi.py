@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, query_parameter
+from kcms.apiserver.openapi import META_DEFINITIONS, get_operation, list_definition, query_parameter
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
@@ -35,18 +35,12 @@ DEFINITIONS: dict[str, Any] = {
         },
         "x-kubernetes-group-version-kind": _gvk("ExternalMetricValue"),
     },
-    f"{_PKG}.ExternalMetricValueList": {
-        "description": "A list of values of one external metric.",
-        "type": "object",
-        "required": ["items"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"$ref": f"#/definitions/{_META}.ListMeta"},
-            "items": {"type": "array", "items": {"$ref": f"#/definitions/{_PKG}.ExternalMetricValue"}},
-        },
-        "x-kubernetes-group-version-kind": _gvk("ExternalMetricValueList"),
-    },
+    f"{_PKG}.ExternalMetricValueList": list_definition(
+        _PKG,
+        "ExternalMetricValue",
+        _gvk("ExternalMetricValueList"),
+        "A list of values of one external metric.",
+    ),
 }
 
 PATHS: dict[str, Any] = {
