@@ -151,6 +151,7 @@ WANTED = (
     "kcms_kubelet_scrape_failures_total",
     "kcms_kubelet_scrapes_total",
     "kcms_kubelet_nodes_missing",
+    "kcms_metrics_pod_blocks_rendered_total",
 )
 
 
@@ -164,6 +165,7 @@ class Scrapes:
     failures_by_reason: dict[str, float] = field(default_factory=dict)
     scrapes: dict[str, float] = field(default_factory=dict)  # result -> count
     nodes_missing: float = float("nan")
+    blocks_rendered: dict[str, float] = field(default_factory=dict)  # when (ahead, on_list) -> nodes
 
     def delta(self, before: Scrapes) -> dict[str, Any]:
         reasons = sorted(set(self.failures_by_reason) | set(before.failures_by_reason))
@@ -199,6 +201,8 @@ def parse_scrapes(text: str) -> Scrapes:
             out.scrapes[result] = out.scrapes.get(result, 0) + v
         elif name == "kcms_kubelet_nodes_missing":
             out.nodes_missing = v
+        elif name == "kcms_metrics_pod_blocks_rendered_total":
+            out.blocks_rendered[lab.get("when", "")] = v
     return out
 
 

@@ -257,15 +257,22 @@ class Run(ProcessRun):
 
     def time_list(self, path: str, encoding: str, n: int) -> tuple[dict, Response]:
         samples, r = [], None
+        rendered = []  # all pods: nodes whose pods each list rendered (node blocks, on_list)
         for _ in range(n):
+            before = read_scrapes(self.client).blocks_rendered if path == PODS_PATH else {}
             r = self.client.get(path, encoding=encoding)
             if r.status != 200:
                 raise SystemExit(f"GET {path}: HTTP {r.status}: {r.body[:300]!r}")
             samples.append(r.seconds * 1000)
+            if path == PODS_PATH:
+                after = read_scrapes(self.client).blocks_rendered
+                rendered.append(int(after.get("on_list", 0) - before.get("on_list", 0)))
         assert r is not None
         fig = {"p50_ms": statistics.median(samples), "p99_ms": pct(samples, 0.99), "max_ms": max(samples),
                "n": n, "items": len(items_of(r.body)), "wire_bytes": r.wire_bytes, "body_bytes": len(r.body),
                "content_encoding": r.encoding, "samples_ms": [round(x, 1) for x in samples]}  # fmt: skip
+        if rendered:
+            fig["nodes_rendered"] = rendered
         return fig, r
 
     def measure_lists(self) -> None:

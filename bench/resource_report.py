@@ -222,6 +222,8 @@ def raw_lines(r: dict) -> list[str]:
             )
             if what == "pods" and f.get("samples_ms"):  # the first follows a quiet minute: all re-rendered
                 out.append(f"    in order: {', '.join(f'{x:.0f}' for x in f['samples_ms'])} ms")
+                if f.get("nodes_rendered"):  # node blocks each list rendered (the rest were cached)
+                    out.append(f"    nodes rendered by each: {', '.join(str(x) for x in f['nodes_rendered'])}")
     for enc, f in r["floor"].items():
         out.append(
             f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
