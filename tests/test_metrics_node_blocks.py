@@ -57,7 +57,7 @@ def reference(store: ResourceStore, inv: MutableInventory, now: float) -> tuple[
     fmt = convert.TimeFormatter()
     items = []
     for node, _ in store.pod_blocks(now):
-        for (namespace, name), _ in store.node_pod_usages(node):
+        for (namespace, name), _ in store.node_pod_rates(node, lambda *a: a, lambda *a: a):
             pod = inv.pod(namespace, name)
             if store.pod_node(namespace, name) != node or pod is None or pod.phase != "Running":
                 continue

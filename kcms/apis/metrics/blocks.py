@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import orjson
 from prometheus_client import Counter
 
 from kcms.apis.metrics.convert import TimeFormatter
-from kcms.apis.metrics.render import SLICE, ListRenderer, Texts, pod_usage_fragment
+from kcms.apis.metrics.render import SLICE, ListRenderer, UsageText
 from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
-from kcms.store.resource import PodUsage
 
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
 # each write and compression call costs little, small enough to overlap rendering and the socket.
@@ -63,7 +62,12 @@ class PodBlocks(Protocol):
 
     def pod_node(self, namespace: str, name: str) -> str: ...
 
-    def node_pod_usages(self, node: str) -> list[tuple[PodKey, PodUsage | None]]: ...
+    def node_pod_rates(
+        self,
+        node: str,
+        container: Callable[[str, float, float, int, int], str],
+        pod: Callable[[float, float, list[str]], bytes],
+    ) -> list[tuple[PodKey, bytes | None]]: ...
 
 
 class _NodeBlock:
@@ -121,8 +125,7 @@ class NodeBlocks:
         relists = self._relists
         check_all = self._checked_relists != relists or not isinstance(self.inventory, PodChangeLog)
         created_json = _dumps(created)
-        texts = self.renderer.texts
-        fmt = TimeFormatter()
+        usage_text = UsageText(self.renderer.texts, TimeFormatter())
         seen: list[str] = []
         pieces: list[bytes] = []
         size = work = 0
@@ -137,7 +140,7 @@ class NodeBlocks:
             else:
                 block = None
             if block is None:
-                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
+                block = blocks[node] = self._node_block(node, token, store, usage_text)
                 work += len(block.infos)
                 _ON_LIST.inc()
             if block.parts:
@@ -216,13 +219,12 @@ class NodeBlocks:
             return
         self._apply_inventory_changes(store)  # the dropped blocks are rendered again below
         blocks = self._blocks
-        texts = self.renderer.texts
-        fmt = TimeFormatter()
+        usage_text = UsageText(self.renderer.texts, TimeFormatter())
         budget = SLICE
         for node, token in store.pod_blocks(now):
             block = blocks.get(node)
             if block is None or block.token is not token:
-                block = blocks[node] = self._node_block(node, token, store, texts, fmt)
+                block = blocks[node] = self._node_block(node, token, store, usage_text)
                 _AHEAD.inc()
                 budget -= len(block.infos) + 1
                 if budget <= 0:
@@ -230,11 +232,9 @@ class NodeBlocks:
         loop = asyncio.get_running_loop()
         self._prerender_handle = loop.call_later(0 if budget <= 0 else PRERENDER_PERIOD, self._prerender_step)
 
-    def _node_block(
-        self, node: str, token: object, store: PodBlocks, texts: Texts, fmt: TimeFormatter
-    ) -> _NodeBlock:
+    def _node_block(self, node: str, token: object, store: PodBlocks, text: UsageText) -> _NodeBlock:
         """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the renderer's
-        pod cache; the block itself holds the rendered usage)."""
+        pod cache; the usage rendered straight from the readings: no PodUsage is made or kept)."""
         lookup = self.inventory.pod
         pieces_of = self.renderer.pod_pieces
         namespaces: list[str] = []
@@ -243,7 +243,7 @@ class NodeBlocks:
         parts: list[bytes] = []
         pending = b""  # the previous item's body, joined with the next item's head
         # The pods whose readings are this node's (not those that moved to another node's scrape).
-        for (namespace, name), usage in store.node_pod_usages(node):
+        for (namespace, name), usage in store.node_pod_rates(node, text.container, text.pod):
             pod = lookup(namespace, name)
             namespaces.append(namespace)
             names.append(name)
@@ -252,7 +252,7 @@ class NodeBlocks:
                 continue
             entry = pieces_of(pod)
             parts.append(pending + entry[1])
-            pending = entry[2] + pod_usage_fragment(usage, texts, fmt)
+            pending = entry[2] + usage
         if parts:
             parts.append(pending)
         return _NodeBlock(token, namespaces, names, infos, parts)

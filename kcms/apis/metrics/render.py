@@ -117,18 +117,40 @@ class Texts:
         return text
 
 
-def pod_usage_fragment(usage: PodUsage, texts: Texts, fmt: TimeFormatter) -> bytes:
-    """``"timestamp":..,"window":..,"containers":[..]}`` - the rest of a PodMetrics after its metadata."""
-    containers = []
-    for name, u in usage.containers:
-        containers.append(
-            f'{{"name":{texts.name(name)},"usage":{{"cpu":"{cpu_text(u.cpu_nanocores)}",'
-            f'"memory":"{memory_text(u.memory)}"}}}}'
+class UsageText:
+    """The JSON text of a pod's usage (``"timestamp":..,"window":..,"containers":[..]}``, the rest
+    of a PodMetrics after its metadata), as :func:`kcms.store.resource.pod_rates`'s ``container``
+    and ``pod`` callbacks: the list of every pod renders straight from the readings with them, and
+    :func:`pod_usage_fragment` from a PodUsage, so both give the same bytes."""
+
+    __slots__ = ("fmt", "name", "window")
+
+    def __init__(self, texts: Texts, fmt: TimeFormatter) -> None:
+        self.name = texts.name
+        self.window = texts.window
+        self.fmt = fmt
+
+    def container(self, name: str, timestamp: float, window: float, nanocores: int, memory: int) -> str:
+        return (
+            f'{{"name":{self.name(name)},"usage":{{"cpu":"{cpu_text(nanocores)}",'
+            f'"memory":"{memory_text(memory)}"}}}}'
         )
-    return (
-        f'"timestamp":"{fmt(usage.timestamp)}","window":"{texts.window(usage.window)}",'
-        f'"containers":[{",".join(containers)}]}}'
-    ).encode()
+
+    def pod(self, timestamp: float, window: float, containers: list[str]) -> bytes:
+        return (
+            f'"timestamp":"{self.fmt(timestamp)}","window":"{self.window(window)}",'
+            f'"containers":[{",".join(containers)}]}}'
+        ).encode()
+
+
+def pod_usage_fragment(usage: PodUsage, text: UsageText) -> bytes:
+    """``"timestamp":..,"window":..,"containers":[..]}`` - the rest of a PodMetrics after its metadata."""
+    container = text.container
+    return text.pod(
+        usage.timestamp,
+        usage.window,
+        [container(name, u.timestamp, u.window, u.cpu_nanocores, u.memory) for name, u in usage.containers],
+    )
 
 
 def node_usage_fragment(usage: Usage, texts: Texts, fmt: TimeFormatter) -> bytes:
@@ -192,8 +214,7 @@ class ListRenderer:
         snapshot), so a cached rendering is reused when the values are equal."""
         pods = list(pods)  # a snapshot: the inventory may change while this yields
         cache = self._pods
-        texts = self.texts
-        fmt = TimeFormatter()
+        text = UsageText(self.texts, TimeFormatter())
         created_json = _dumps(created)
         first = True
         for start in range(0, len(pods), SLICE):
@@ -212,11 +233,11 @@ class ListRenderer:
                 entry = cache.get(id(pod))
                 if entry is None:
                     tail = _meta_tail(pod.labels)
-                    body = tail + pod_usage_fragment(usage, texts, fmt)
+                    body = tail + pod_usage_fragment(usage, text)
                     entry = cache[id(pod)] = [pod, _head(pod.name, pod.namespace), tail, usage, body]
                 elif entry[3] is not usage:
                     if not (by_value and entry[3] == usage):
-                        entry[4] = entry[2] + pod_usage_fragment(usage, texts, fmt)
+                        entry[4] = entry[2] + pod_usage_fragment(usage, text)
                     entry[3] = usage
                 append(entry[1])
                 append(created_json)
