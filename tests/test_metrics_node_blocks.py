@@ -42,10 +42,12 @@ operations = st.lists(
 
 
 def scrape(node: str, keys: set[int], containers: int, t: float) -> NodeBatch:
+    """A scrape of ``node`` with pods ``keys``; a second container's name holds every escape and
+    a NUL byte (the blocks keep a NUL where creationTimestamp goes: JSON text must never)."""
     batch = NodeBatch(node, ResourcePoint(START - 3600, t, int(1e9 * (t - START + 3600)), 2**30))
     for i in sorted(keys):
         batch.pods[PODS[i]] = {
-            f"c{c}": ResourcePoint(START - 3600, t, int((i + 1) * (c + 1) * 1e7 * (t - START + 3600)), 4096 * (i + 1))
+            ("c0", "c1" + HOSTILE)[c]: ResourcePoint(START - 3600, t, int((i + 1) * (c + 1) * 1e7 * (t - START + 3600)), 4096 * (i + 1))
             for c in range(containers)
         }  # fmt: skip
     return batch
