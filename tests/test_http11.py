@@ -4,6 +4,8 @@ servers closing idle connections, limits, malformed responses, cancellation."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
 
 import pytest
@@ -11,7 +13,7 @@ import trustme
 from _http_helpers import serve_app
 from aiohttp import web
 
-from kcms.collector.http11 import HTTPError, KeepAlivePool
+from kcms.collector.http11 import HTTPError, KeepAlivePool, connect_first
 
 
 @pytest.fixture
@@ -160,6 +162,135 @@ async def test_cancelled_request_closes_its_connection(tls):
             async with asyncio.timeout(0.3):
                 await pool.get("127.0.0.1", port, "/", {})
         assert not pool._idle  # the half-used connection was not kept
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_an_idle_connection_holds_no_body(tls):
+    """After a response is returned, the kept-alive connection drops the pieces of its body, so
+    idle kubelet connections cost their buffers, not the last body (~32 KiB a node)."""
+    body = b"y" * 150_000
+
+    async def chunked(request):
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for i in range(0, len(body), 10_000):
+            await resp.write(body[i : i + 10_000])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", chunked)
+    runner, port = await serve_app(app, ssl_context=tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, body)
+        (idle,) = pool._idle.values()
+        assert not idle.closed and idle.size == len(body)  # the connection really read it
+        assert idle.chunks == []
+    finally:
+        pool.close()
+        await runner.cleanup()
+
+
+async def test_a_hostname_is_resolved_and_checked_against_the_certificate(ca: trustme.CA):
+    cert = ca.issue_cert("localhost")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+
+    server = await asyncio.start_server(handler, "localhost", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    pool = KeepAlivePool(client_ctx, max_body_bytes=1000)
+    try:
+        assert await pool.get("localhost", port, "/", {}) == (200, b"hello")
+        with pytest.raises(HTTPError) as err:  # the name asked for is what the certificate must name
+            await pool.get("127.0.0.1", port, "/", {})
+        assert err.value.reason == "tls"
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_each_address_of_a_name_is_tried_in_turn():
+    """A name may resolve to several addresses (IPv6 and IPv4, say) of which the first refuses."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()  # nothing listens there now
+    try:
+        good = (socket.AF_INET, listener.getsockname())
+        sock = await connect_first([(socket.AF_INET, ("127.0.0.1", refused_port)), good])
+        assert sock.getpeername() == listener.getsockname()
+        sock.close()
+        with pytest.raises(ConnectionRefusedError):
+            await connect_first([(socket.AF_INET, ("127.0.0.1", refused_port))])
+    finally:
+        listener.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_kubelet_that_never_finishes_the_handshake_costs_a_timeout_and_no_descriptor(tls):
+    """A hostile node accepts TCP and then says nothing (or dribbles): the caller's deadline ends
+    the attempt, and neither the socket nor a loop registration is left behind."""
+    accepted: list[socket.socket] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    loop = asyncio.get_running_loop()
+
+    async def accept_and_stay_silent():
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            accepted.append(conn)
+
+    acceptor = asyncio.create_task(accept_and_stay_silent())
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        await asyncio.sleep(0)
+        before = _open_fds()
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await pool.get("127.0.0.1", port, "/", {})
+        await asyncio.sleep(0.05)
+        assert _open_fds() == before + len(accepted)  # only the server's ends are open
+        assert len(accepted) == 3 and not pool._idle and pool.connects == 0
+    finally:
+        acceptor.cancel()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+        pool.close()
+
+
+async def test_a_body_ended_by_a_connection_cut_without_close_notify(tls):
+    """No Content-Length, then the TCP connection ends without TLS's close_notify (a ragged end,
+    as from a crashed server): the body is what came, and the connection is not kept."""
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial body")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # no close_notify
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"partial body")
+        assert not pool._idle
     finally:
         pool.close()
         server.close()
