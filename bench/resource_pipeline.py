@@ -50,7 +50,7 @@ import orjson
 import psutil
 import trustme
 from resource_client import Client, Response, items_of, list_loop, read_scrapes, tree_cpu_seconds, tree_memory
-from resource_report import markdown_table, raw_lines, reference_lines
+from resource_report import machine_loop_seconds, markdown_table, raw_lines, reference_lines
 
 BENCH = Path(__file__).resolve().parent
 NODES_PATH = "/apis/metrics.k8s.io/v1beta1/nodes"
@@ -540,13 +540,16 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()
     version = code_version(args.kcms_root)
+    loop_s = machine_loop_seconds()  # before anything runs: the machine's speed, for the CPU reference
+    log(f"this machine's Python loop: {loop_s * 1000:.1f} ms (bench/resource_report.py)")
     for n in sizes:
         work = Path(tempfile.mkdtemp(prefix=f"kcms-bench-{n}-"))
         r = Run(args, n, work, ca).run()
+        r["machine_loop_s"] = loop_s
         results.append(r)
         print("\n".join(raw_lines(r)), flush=True)
     print()
-    print("\n".join(reference_lines(sizes)))
+    print("\n".join(reference_lines(sizes, loop_s)))
     table = markdown_table(results)
     print()
     print(

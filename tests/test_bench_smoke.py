@@ -111,6 +111,12 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
             runs = rr.KCMS_AT_ISSUE_RUNS[n][key]
             if runs:  # metrics-server's figure = KCMS's at the issue / the issue's ratio
                 assert rr.reference(n, key) == statistics.median(runs) / rr.ISSUE_RATIOS[n][key]
+    # on a machine twice as slow (its loop takes twice as long) KCMS at the issue would have taken
+    # twice the CPU: so does the CPU reference; RSS does not depend on speed
+    slow = 2 * rr.KCMS_AT_ISSUE_LOOP_S
+    assert math.isclose(rr.reference(50, "cpu_mc_per_node", slow), 2 * rr.reference(50, "cpu_mc_per_node"))
+    assert rr.reference(50, "rss_mb_per_node", slow) == rr.reference(50, "rss_mb_per_node")
+    assert 0 < rr.machine_loop_seconds(repeat=1) < 10
     r = {"nodes": 1000, "cpu_mc_per_node": 0.03, "rss_mb_per_node": 0.3, "t95_nodes_s": 12.05, "t95_pods_s": 13.0,
          "pods_served_pct": 100.0,
          "lists": {e: {"nodes": {"p50_ms": 14.0}, "pods": {"p50_ms": 818.0, "items": 30000, "wire_bytes": 9e6},
@@ -118,6 +124,10 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
          "floor": {e: {"p50_ms": 100.0, "ratio": 8.18} for e in ("gzip", "identity")}}  # fmt: skip
     table = rr.markdown_table([r])
     assert "| time until 95 % of nodes are served | 12.1 / 24.1 s (0.50x) |" in table, table
+    cpu_ref = rr.reference(1000, "cpu_mc_per_node")
+    assert f"| CPU per node, KCMS / metrics-server | 0.030 / {cpu_ref:.3f} mcore" in table, table
+    r["machine_loop_s"] = slow
+    assert f"0.030 / {2 * cpu_ref:.3f} mcore" in rr.markdown_table([r])
     assert "| list all pods (Accept-Encoding gzip) | 818 / 1 636 ms (0.50x), 30 000 pods, 9.0 MB |" in table, table
     assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms) |" in table, table
 
