@@ -245,3 +245,55 @@ def test_two_nodes_never_share_a_template() -> None:
     assert reuse.templates.hits == 0
     assert outcome("a", other, reuse) == outcome("a", other)  # a's template does not fit b's body
     assert decode_template.build(GOOD.decode()) is not None
+
+
+def test_a_templates_names_are_one_object_per_distinct_name() -> None:
+    """Batches decoded from templates hold one string per pod name, and namespaces and container
+    names shared across nodes (the store keeps these as its keys, every node every cycle)."""
+    reuse = DecodeReuse(max_templates=8)
+    for _ in range(2):  # a template is made at each node's second full decode
+        for node in ("a", "b"):
+            decode_resource_metrics(node, GOOD, now=NOW, reuse=reuse)
+    batch_a = decode_resource_metrics("a", GOOD, now=NOW, reuse=reuse)
+    batch_b = decode_resource_metrics("b", GOOD, now=NOW, reuse=reuse)
+    assert reuse.templates.hits == 2
+    assert batch_a == outcome("a", GOOD)
+    for (ns_a, _), (ns_b, _) in zip(batch_a.pods, batch_b.pods, strict=True):
+        assert ns_a is ns_b  # the same namespace name on two nodes: one object
+    namespaces = {id(ns) for ns, _ in batch_a.pods}
+    assert len(namespaces) == len({ns for ns, _ in batch_a.pods})
+    containers = [c for cs in batch_a.pods.values() for c in cs] + [c for cs in batch_b.pods.values() for c in cs]
+    assert len({id(c) for c in containers}) == len(set(containers))
+
+
+def test_whitespace_moved_between_numbers_and_lines_is_never_read_from_the_template() -> None:
+    """The template keeps no text, only a hash of the constant tokens: a body whose tokens are
+    all the same but whose blanks and newlines are moved, doubled or changed (a newline and a
+    blank swapped, a timestamp pulled onto the next line, a tab, a CR, a trailing blank) is
+    another text, and decodes exactly as without a template (mostly in full, with refusals)."""
+    text = GOOD.decode()
+    first = text.index("container_cpu_usage_seconds_total{")
+    line_end = text.index("\n", first)
+    value_gap = text.index(" ", text.index("}", first))  # the blank before the value
+    stamp_gap = text.rindex(" ", first, line_end)  # the blank before the timestamp
+    variants = [
+        text[:line_end] + " " + text[line_end + 1 :],  # two lines joined
+        text[:stamp_gap] + "\n" + text[stamp_gap + 1 :],  # the timestamp on a line of its own
+        text[:stamp_gap] + "\n" + text[stamp_gap + 1 : line_end] + " " + text[line_end + 1 :],  # both
+        text[:value_gap] + "  " + text[value_gap + 1 :],  # two blanks
+        text[:value_gap] + "\t" + text[value_gap + 1 :],
+        text[:stamp_gap] + "\r" + text[stamp_gap:],  # (a CR before a newline is a CRLF: read as one)
+        text[:line_end] + " " + text[line_end:],
+        text.rstrip("\n"),
+        text + "\n",
+    ]
+    for variant in variants:
+        assert variant != text
+        body = variant.encode()
+        reuse = DecodeReuse(max_templates=8)
+        for _ in range(2):
+            outcome("n", GOOD, reuse)
+        assert len(reuse.templates) == 1
+        hits = reuse.templates.hits
+        assert outcome("n", body, reuse) == outcome("n", body)
+        assert reuse.templates.hits == hits, variants.index(variant)  # not read from the template

@@ -2,14 +2,20 @@
 
 A kubelet writes the same lines every scrape (the same families, series, label values, comments,
 in the same order); only the sample values and timestamps change, and the start times when a
-container restarts. :class:`BodyTemplates` keeps, per node, the body it last decoded cleanly with
-those tokens cut out: the constant text between them (``pieces``), where they are among the
-body's blank-separated tokens, and what the constant part decoded to (the three container
-families' label columns, the start times, the scrape-error gauge).
+container restarts. :class:`BodyTemplates` keeps, per node, what it needs of the body it last
+decoded cleanly: where those tokens are among the body's tokens, a hash of all the other
+(constant) tokens, and what the constant part decoded to (the three container families' label
+columns, the start times, the scrape-error gauge).
 
-The next body of the same node is checked against it exactly: its tokens (one ``str.split()``,
-in C) are taken at those positions, and the constant pieces joined with them must give back the
-body byte for byte (``"".join``, then one comparison). The tokens must then be valid numbers as
+A body's tokens are what ``text.replace("\n", " \n").split(" ")`` gives (in C): every blank
+separates two tokens (two blanks: an empty token between) and every newline starts the token
+after it, so the token sequence gives back the text exactly (``" ".join``, then each ``" \n"``
+back to ``"\n"``) and two bodies are the same text exactly when their tokens are the same. The
+numbers are never first on a line, so they come as tokens of their own. The next body of the same node must have as many tokens, the tokens at the
+constant positions must hash (Python's keyed SipHash, through a tuple) to the template's, and
+the tokens at the variable positions are read. A kubelet that found a second body with the same
+hash (2^64 work without the process's key) could only relabel its own readings, which it can do
+anyway. The tokens must then be valid numbers as
 the decoder's fast path requires them (values: ``[0-9.eE+-]`` only, ``float`` finite and >= 0;
 timestamps: digits, no leading zero, at most 18). Then the body *is* the template body with other
 numbers in the same places, and :func:`kcms.sources.kubelet_decode.decode_resource_metrics` builds
@@ -28,13 +34,15 @@ contiguous run each, listing the same series in the same order, and a full decod
 refusal at all, made at a node's second full decode. For small clusters: at most ``max_nodes``
 (128) templates, none during a cycle past that many bodies, and none at all after a cycle that
 decoded more (a large cluster makes none, so spends no memory on them, and decodes as before); a
-node not decoded for a whole cycle is forgotten. ~30 kB a node for 60 containers (the
-constant text), so at most ~4 MB.
+node not decoded for a whole cycle is forgotten. ~8 kB a node for 60 containers (the label
+columns; the position tuples are shared by nodes of the same layout), so at most ~1 MB. Keeping
+the constant text itself (as pieces to join with the new numbers and compare) took 53 kB a node.
 """
 
 from __future__ import annotations
 
 from operator import itemgetter
+from sys import intern
 from typing import Any
 
 _CPU = "container_cpu_usage_seconds_total"
@@ -68,8 +76,8 @@ class Template:
     __slots__ = (
         "ntok",
         "get",
-        "buf",
-        "blank",
+        "const",
+        "const_hash",
         "order",
         "n",
         "stamped",
@@ -86,10 +94,10 @@ class Template:
     )
 
     def __init__(self) -> None:
-        self.ntok = 0  # tokens of the body (str.split())
+        self.ntok = 0  # tokens of the body (see the module docstring)
         self.get: Any = None  # the variable tokens, in text order
-        self.buf: list[str | None] = []  # constant pieces at even indexes, None where a token goes
-        self.blank: tuple[None, ...] = ()
+        self.const: Any = None  # the constant tokens
+        self.const_hash = 0  # hash() of the constant tokens
         self.order: Any = None  # variable tokens -> role order (cpu V, cpu T, mem V, mem T, start T, node)
         self.n = 0  # containers
         self.stamped = False  # container lines carry timestamps
@@ -107,27 +115,19 @@ class Template:
     def numbers(self, text: str) -> tuple[str, ...] | None:
         """The body's variable tokens in role order if ``text`` is this template with other tokens
         in the variable places (exactly), else None. Their values are not checked here."""
-        toks = text.split()
-        if len(toks) != self.ntok:
+        toks = text.replace("\n", " \n").split(" ")
+        if len(toks) != self.ntok or hash(self.const(toks)) != self.const_hash:
             return None
-        vt = self.get(toks)
-        buf = self.buf
-        buf[1::2] = vt
-        same = "".join(buf) == text  # type: ignore[arg-type]
-        buf[1::2] = self.blank  # hold no token of this body
-        if not same:
-            return None
-        return self.order(vt)  # type: ignore[no-any-return]
+        return self.order(self.get(toks))  # type: ignore[no-any-return]
 
 
 def build(text: str) -> Template | None:
     """A template of ``text``, a body the full decoder has just decoded with no refusal, or None
     when it is not in the layout templated (see the module docstring)."""
-    toks = text.split()
+    toks = text.replace("\n", " \n").split(" ")
     lines = text.split("\n")
-    buf: list[str | None] = []
-    cur: list[str] = []
     positions: list[int] = []  # token index of each variable token, text order
+    read: list[str] = []  # those tokens as read line by line (to check the positions against)
     roles: dict[str, list[int]] = {k: [] for k in ("cv", "ct", "mv", "mt", "st", "nc", "nct", "nm", "nmt")}
     labels: dict[str, list[tuple[str, str, str]]] = {f: [] for f in _CONTAINER_FAMILIES}
     stamps: dict[str, set[bool]] = {f: set() for f in _CONTAINER_FAMILIES}
@@ -138,19 +138,15 @@ def build(text: str) -> Template | None:
     recognised = 0
     last = len(lines) - 1
 
-    def variable(role: str | None, index: int) -> None:
-        buf.append("".join(cur))
-        buf.append(None)
-        cur.clear()
+    def variable(role: str | None, index: int, token: str) -> None:
         if role is not None:
             roles[role].append(len(positions))
         positions.append(index)
+        read.append(token)
 
     for li, line in enumerate(lines):
-        nl = "" if li == last else "\n"
         if not line or line[0] == "#":
-            cur.append(line + nl)
-            ti += len(line.split())
+            ti += len(line.split(" "))  # the first token of a line holds the newline before it
             if (line or li != last) and (not runs or runs[-1] != "#"):
                 runs.append("#")  # a comment or blank line ends a run of samples
             continue
@@ -178,45 +174,35 @@ def build(text: str) -> Template | None:
             labels[fam].append((segs[1], segs[3], segs[5]))
             stamps[fam].add(stamped)
             recognised += 1
-            cur.append(head + " ")
             if fam == _START:
                 # start times are part of the template (a restart makes a new one); the float of
                 # the text, as the fast path reads it
                 start.append(float(parts[1]))
-                cur.append(parts[1])
             else:
-                variable("cv" if fam == _CPU else "mv", ti + 1)
+                variable("cv" if fam == _CPU else "mv", ti + 1, parts[1])
             if stamped:
-                cur.append(" ")
-                variable({_CPU: "ct", _MEM: "mt", _START: "st"}[fam], ti + 2)
+                variable({_CPU: "ct", _MEM: "mt", _START: "st"}[fam], ti + 2, parts[2])
         elif not brace and head in (_NODE_CPU, _NODE_MEM):
             recognised += 1
             cpu = head == _NODE_CPU
             if roles["nc" if cpu else "nm"]:
                 return None  # twice
-            cur.append(head + " ")
-            variable("nc" if cpu else "nm", ti + 1)
+            variable("nc" if cpu else "nm", ti + 1, parts[1])
             if stamped:
-                cur.append(" ")
-                variable("nct" if cpu else "nmt", ti + 2)
+                variable("nct" if cpu else "nmt", ti + 2, parts[2])
         elif not brace and head in _ERROR_NAMES:
             recognised += 1
             scrape_error = float(parts[1])  # the decode had no refusal: a valid number, 0
             if scrape_error != 0:
                 return None
-            cur.append(line)  # constant
         elif fam in _CONTAINER_FAMILIES or fam in _ERROR_NAMES or fam in (_NODE_CPU, _NODE_MEM):
             return None  # a known family in another shape: the general parser's business
         else:
             # another family (pod_*, swap, ...): the decoder skips it whatever its numbers are
-            cur.append(head + " ")
-            variable(None, ti + 1)
+            variable(None, ti + 1, parts[1])
             if stamped:
-                cur.append(" ")
-                variable(None, ti + 2)
-        cur.append(nl)
+                variable(None, ti + 2, parts[2])
         ti += len(parts)
-    buf.append("".join(cur))
     if ti != len(toks) or len(positions) < 2:
         return None
     samples = [r for r in runs if r != "#"]
@@ -235,8 +221,9 @@ def build(text: str) -> Template | None:
     t = Template()
     t.ntok = len(toks)
     t.get = _getter(tuple(positions))
-    t.buf = buf
-    t.blank = (None,) * len(positions)
+    variable_positions = set(positions)
+    t.const = _getter(tuple(i for i in range(len(toks)) if i not in variable_positions))
+    t.const_hash = hash(t.const(toks))
     order = roles["cv"] + roles["ct"] + roles["mv"] + roles["mt"] + roles["st"]
     order += roles["nc"] + roles["nct"] + roles["nm"] + roles["nmt"]
     t.order = _getter(tuple(order))
@@ -246,15 +233,19 @@ def build(text: str) -> Template | None:
     t.node_stamped = bool(roles["nct"]) and bool(roles["nmt"])
     if t.node and bool(roles["nct"]) != bool(roles["nmt"]):
         return None
-    t.namespaces = [s[1] for s in series]
-    t.pods = [s[2] for s in series]
-    t.containers = [s[0] for s in series]
+    # One string object per distinct name: a node's 60 series hold ~5 namespaces, 30 pods and 2
+    # container names, cut from the body as 180 strings (~9 kB a node kept by the template, and by
+    # the store's keys, which are these). Namespaces and container names are shared across nodes.
+    pods: dict[str, str] = {}
+    t.namespaces = [intern(s[1]) for s in series]
+    t.pods = [pods.setdefault(s[2], s[2]) for s in series]
+    t.containers = [intern(s[0]) for s in series]
     t.signature = '"'.join(x for s in series for x in s)
     t.start = start
     t.scrape_error = scrape_error
     t.recognised = recognised
-    # the whole body again from the pieces and its own tokens: the cut is exact
-    if t.numbers(text) is None:
+    # the cut is exact: the positions hold the tokens read line by line
+    if list(t.get(toks)) != read or t.numbers(text) is None:
         return None
     return t
 
