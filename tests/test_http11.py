@@ -26,24 +26,30 @@ def tls(ca: trustme.CA):
     return server, client
 
 
+def chunked_handler(body: bytes, piece: int):
+    """An aiohttp handler sending ``body`` chunked, ``piece`` bytes a chunk."""
+
+    async def chunked(request):
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for i in range(0, len(body), piece):
+            await resp.write(body[i : i + piece])
+        await resp.write_eof()
+        return resp
+
+    return chunked
+
+
 async def test_keep_alive_fixed_and_chunked_bodies(tls):
     big = b"x" * 200_000
 
     async def fixed(request):
         return web.Response(body=b"hello " + request.headers["X-N"].encode())
 
-    async def chunked(request):
-        resp = web.StreamResponse()
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        for i in range(0, len(big), 7000):
-            await resp.write(big[i : i + 7000])
-        await resp.write_eof()
-        return resp
-
     app = web.Application()
     app.router.add_get("/fixed", fixed)
-    app.router.add_get("/chunked", chunked)
+    app.router.add_get("/chunked", chunked_handler(big, 7000))
     runner, port = await serve_app(app, ssl_context=tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
@@ -171,18 +177,8 @@ async def test_an_idle_connection_holds_no_body(tls):
     """After a response is returned, the kept-alive connection drops the pieces of its body, so
     idle kubelet connections cost their buffers, not the last body (~32 KiB a node)."""
     body = b"y" * 150_000
-
-    async def chunked(request):
-        resp = web.StreamResponse()
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        for i in range(0, len(body), 10_000):
-            await resp.write(body[i : i + 10_000])
-        await resp.write_eof()
-        return resp
-
     app = web.Application()
-    app.router.add_get("/", chunked)
+    app.router.add_get("/", chunked_handler(body, 10_000))
     runner, port = await serve_app(app, ssl_context=tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
