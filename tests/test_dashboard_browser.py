@@ -286,9 +286,11 @@ def test_tables_match_the_api(demo, browser):
         by_pod, key=lambda k: -sum(parse_quantity(c["usage"]["cpu"]) for c in by_pod[k]["containers"])
     )
     assert top[:3] == [f"{ns}/{name}" for ns, name in want[:3]]
-    # The page reads again by itself, every resolution (the metrics' window).
-    assert f"every {RESOLUTION}s" in browser.execute_script(
-        "return document.getElementById('status').textContent"
+    # The page reads again by itself, every resolution (the metrics' window; right after the
+    # start, the window of the first quick re-scrape, at least 5 s, until the next cycle's).
+    wait_for(
+        f"a refresh every {RESOLUTION}s",
+        lambda: f"every {RESOLUTION}s" in browser.execute_script("return document.getElementById('status').textContent"),
     )
     drawn = page["refreshes"]
     wait_for(
