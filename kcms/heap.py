@@ -41,6 +41,15 @@ def malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
+def trim_heap() -> bool:
+    """Hand whole free pages of the C heap back to the system; False where that cannot be done."""
+    trim = malloc_trim()
+    if trim is None:
+        return False
+    trim()
+    return True
+
+
 class HeapFreezer:
     """Call ``after_cycle()`` once per scrape cycle."""
 
@@ -66,10 +75,7 @@ class HeapFreezer:
             self.trim()
 
     def trim(self) -> bool:
-        """Hand whole free pages of the C heap back to the system; False where that cannot be done."""
-        trim = malloc_trim()
-        if trim is None:
-            return False
-        trim()
-        self.trims += 1
-        return True
+        """:func:`trim_heap`, counted."""
+        trimmed = trim_heap()
+        self.trims += trimmed
+        return trimmed

@@ -193,10 +193,13 @@ class _Connection:
             self.waiter.set_exception(error)
         self.close()
 
-    def close(self) -> None:
+    def _stop_reading(self) -> None:
         if self.reading:
             self.reading = False
             self.loop.remove_reader(self.fd)
+
+    def close(self) -> None:
+        self._stop_reading()
         if not self.closed:
             self.closed = True
             self.sock.close()
@@ -228,9 +231,7 @@ class _Connection:
             self.close()  # cancelled or failed mid-exchange: the connection's state is unknown
             raise
         finally:
-            if self.reading:  # idle connections are not watched: a close is seen on next use
-                self.reading = False
-                self.loop.remove_reader(self.fd)
+            self._stop_reading()  # idle connections are not watched: a close is seen on next use
             # The joined body has been handed over; the pieces it was joined from would otherwise
             # stay referenced by this idle connection until the next cycle (~32 KiB a kubelet:
             # 31 MiB at 1000 nodes).

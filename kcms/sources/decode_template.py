@@ -11,9 +11,10 @@ A body's tokens are what ``text.replace("\n", " \n").split(" ")`` gives (in C): 
 separates two tokens (two blanks: an empty token between) and every newline starts the token
 after it, so the token sequence gives back the text exactly (``" ".join``, then each ``" \n"``
 back to ``"\n"``) and two bodies are the same text exactly when their tokens are the same. The
-numbers are never first on a line, so they come as tokens of their own. The next body of the same node must have as many tokens, the tokens at the
-constant positions must hash (Python's keyed SipHash, through a tuple) to the template's, and
-the tokens at the variable positions are read. A kubelet that found a second body with the same
+numbers are never first on a line, so they come as tokens of their own. The next body of the
+same node must have as many tokens, the tokens at the constant positions must hash (Python's
+keyed SipHash, through a tuple) to the template's, and the tokens at the variable positions are
+read. A kubelet that found a second body with the same
 hash (2^64 work without the process's key) could only relabel its own readings, which it can do
 anyway. The tokens must then be valid numbers as
 the decoder's fast path requires them (values: ``[0-9.eE+-]`` only, ``float`` finite and >= 0;

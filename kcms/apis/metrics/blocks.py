@@ -31,7 +31,7 @@ from prometheus_client import Counter
 
 from kcms.apis.metrics.convert import TimeFormatter
 from kcms.apis.metrics.render import SLICE, ListRenderer, UsageText
-from kcms.heap import malloc_trim
+from kcms.heap import trim_heap
 from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
 
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
@@ -221,7 +221,7 @@ class NodeBlocks:
 
     def _release(self) -> None:
         """No list for ``release_after`` seconds: drop every block (they are stale) and hand the
-        freed memory back (:func:`kcms.heap.malloc_trim`); later while rendering ahead."""
+        freed memory back (:func:`kcms.heap.trim_heap`); later while rendering ahead."""
         self._release_handle = None
         # still rendering ahead (lists may come again), or a list is under way
         if self._prerender_handle is not None or time.monotonic() - self._list_started < self.release_after:
@@ -231,9 +231,7 @@ class NodeBlocks:
         if self._blocks:
             self._blocks = {}
             self.releases += 1
-            trim = malloc_trim()
-            if trim is not None:
-                trim()
+            trim_heap()
 
     def _prerender_step(self) -> None:
         """Render stale blocks worth about :data:`SLICE` pods; come back at once while there are
