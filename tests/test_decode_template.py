@@ -117,6 +117,23 @@ def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_in
     assert outcome("n", base, reuse) == outcome("n", base)
 
 
+def test_bytes_that_are_not_text_in_any_numbers_place_decode_as_without_template() -> None:
+    """The template is checked on the body's bytes, before any UTF-8 decoding: a byte that is not
+    UTF-8 text, or a carriage return, in any one numbers' place (those of families the decoder
+    skips included) gives what the full decoder gives (a malformed line, say)."""
+    for base in BASES:
+        names = [m.group(1) for m in _NUMBERS.finditer(base) for g in (2, 3) if m.group(g) is not None]
+        # every place of a family the decoder skips (their numbers have no role), every 16th other
+        places = [i for i, name in enumerate(names) if not name.startswith((b"container_", b"node_")) or i % 16 == 0]
+        for bad in (b"\xff", b"1\xff", b"1\r", b"\xd9"):
+            for at in places:
+                reuse = DecodeReuse(max_templates=4)
+                outcome("n", base, reuse)
+                outcome("n", base, reuse)
+                body = with_numbers(base, lambda i, old, at=at, bad=bad: bad if i == at else old)
+                assert outcome("n", body, reuse) == outcome("n", body), (at, bad)
+
+
 _EDIT_CHARS = list(' \t\n"\\{}=,#-+.eE0123456789_') + ["\x00", "\u0663", "\r", "\x0b", "\xa0", "\u2028"]
 
 

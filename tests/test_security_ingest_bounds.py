@@ -432,6 +432,36 @@ def test_store_refuses_future_absurd_and_backwards_readings_it_is_given() -> Non
     assert node is not None and node.cpu_nanocores == 200_000_000
 
 
+def test_store_trusts_a_decoders_screen_only_up_to_its_own_future_limit() -> None:
+    """A kubelet decoder marks the batch it screened (NodeBatch.screened) and the store does not
+    screen it again, unless the decoder's limit was later than the store's: a body decoded as of
+    an hour ahead (its readings, without timestamps, stamped then) passes the decoder's own screen
+    but is refused by the store. A batch from anywhere else (the wire, a test) is screened."""
+    from _kubelet_decode_helpers import build_resource_body
+
+    from kcms.model import NodeBatch
+    from kcms.sources.kubelet_decode import decode_resource_metrics
+    from kcms.store.resource import ResourceStore
+
+    body = build_resource_body(3, 2, timestamps=False)
+    ahead = time.time() + 3600
+    late = decode_resource_metrics("n-ahead", body, now=ahead)
+    assert late.screened >= ahead and len(late.pods) == 3  # within the decoder's (later) limit
+    now = decode_resource_metrics("n-now", body)
+    assert 0 < now.screened < ahead and len(now.pods) == 3
+
+    s = ResourceStore(resolution=10.0)
+    before = counter("kcms_store_refused_readings_total", reason="future_timestamp")
+    s.store(late, received=0.0)
+    assert late.pods == {} and late.node_point is None
+    # each reading counted: 3 pods x 2 containers and the node
+    assert counter("kcms_store_refused_readings_total", reason="future_timestamp") - before == 7
+    s.store(now, received=0.0)
+    assert len(now.pods) == 3 and now.node_point is not None
+    assert s.pod_usage(*next(iter(now.pods)), now=0.0) is None  # stored (one reading: no rate yet)
+    assert isinstance(now, NodeBatch) and s.node_names() == ["n-ahead", "n-now"]
+
+
 def test_served_times_always_have_four_digit_years() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

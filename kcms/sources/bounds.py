@@ -158,6 +158,8 @@ def screen_batch(batch: NodeBatch, latest: float | None = None) -> dict[str, int
     if latest is None:
         latest = limits.future_limit()
     counts: dict[str, int] = {}
+    if 0.0 < batch.screened <= latest:
+        return counts  # its decoder screened it against this limit or an earlier (stricter) one
     screen_node_point(batch, latest, counts)
     if not _all_within(batch.pods, latest):
         screen_pods(batch, latest, counts)

@@ -7,10 +7,11 @@ decoded cleanly: where those tokens are among the body's tokens, a hash of all t
 (constant) tokens, and what the constant part decoded to (the three container families' label
 columns, the start times, the scrape-error gauge).
 
-A body's tokens are what ``text.replace("\n", " \n").split(" ")`` gives (in C): every blank
-separates two tokens (two blanks: an empty token between) and every newline starts the token
-after it, so the token sequence gives back the text exactly (``" ".join``, then each ``" \n"``
-back to ``"\n"``) and two bodies are the same text exactly when their tokens are the same. The
+A body's tokens are what ``body.replace(b"\n", b" \n").split(b" ")`` gives (in C, on the bytes as
+received: no UTF-8 decode): every blank separates two tokens (two blanks: an empty token between)
+and every newline starts the token after it, so the token sequence gives back the body exactly
+(``b" ".join``, then each ``b" \n"`` back to ``b"\n"``) and two bodies are the same bytes exactly
+when their tokens are the same. The
 numbers are never first on a line, so they come as tokens of their own. The next body of the
 same node must have as many tokens, the tokens at the constant positions must hash (Python's
 keyed SipHash, through a tuple) to the template's, and the tokens at the variable positions are
@@ -113,13 +114,18 @@ class Template:
         self.recognised = 0
         self.uses = 0  # bodies decoded from it
 
-    def numbers(self, text: str) -> tuple[str, ...] | None:
-        """The body's variable tokens in role order if ``text`` is this template with other tokens
+    def numbers(self, body: bytes) -> tuple[bytes, ...] | None:
+        """The body's variable tokens in role order if ``body`` is this template with other tokens
         in the variable places (exactly), else None. Their values are not checked here."""
-        toks = text.replace("\n", " \n").split(" ")
+        toks = body.replace(b"\n", b" \n").split(b" ")
         if len(toks) != self.ntok or hash(self.const(toks)) != self.const_hash:
             return None
-        return self.order(self.get(toks))  # type: ignore[no-any-return]
+        variable = self.get(toks)
+        # The constant tokens are the template's (UTF-8 text); with these ASCII, so is the body.
+        # (Tokens of families the decoder skips are in no role: checked here, nowhere else.)
+        if not b"".join(variable).isascii():
+            return None
+        return self.order(variable)  # type: ignore[no-any-return]
 
 
 def build(text: str) -> Template | None:
@@ -224,7 +230,14 @@ def build(text: str) -> Template | None:
     t.get = _getter(tuple(positions))
     variable_positions = set(positions)
     t.const = _getter(tuple(i for i in range(len(toks)) if i not in variable_positions))
-    t.const_hash = hash(t.const(toks))
+    # The check runs on the body's bytes (no UTF-8 decode, and bytes split in ~60 % of the time of
+    # str: 55 -> 34 us for 866 tokens): blanks and newlines are single bytes that never occur
+    # inside a multi-byte UTF-8 sequence, so the bytes' tokens are the text's, encoded, one for one.
+    data = text.encode("utf-8")
+    btoks = data.replace(b"\n", b" \n").split(b" ")
+    if len(btoks) != len(toks):
+        return None
+    t.const_hash = hash(t.const(btoks))
     order = roles["cv"] + roles["ct"] + roles["mv"] + roles["mt"] + roles["st"]
     order += roles["nc"] + roles["nct"] + roles["nm"] + roles["nmt"]
     t.order = _getter(tuple(order))
@@ -246,7 +259,7 @@ def build(text: str) -> Template | None:
     t.scrape_error = scrape_error
     t.recognised = recognised
     # the cut is exact: the positions hold the tokens read line by line
-    if list(t.get(toks)) != read or t.numbers(text) is None:
+    if list(t.get(toks)) != read or t.numbers(data) is None:
         return None
     return t
 

@@ -83,7 +83,6 @@ from kcms.sources.exposition import utf8_lines
 from kcms.sources.kubelet_blocks import CPU_FAMILY as _CPU
 from kcms.sources.kubelet_blocks import MEM_FAMILY as _MEM
 from kcms.sources.kubelet_blocks import NS_FAST_LIMIT as _NS_FAST_LIMIT
-from kcms.sources.kubelet_blocks import NUM_CHARS as _NUM_CHARS
 from kcms.sources.kubelet_blocks import Columns, seconds_to_ns
 from kcms.sources.kubelet_blocks import fast_block as _fast_block
 from kcms.sources.kubelet_blocks import find_block as _find_block
@@ -264,6 +263,18 @@ def decode_resource_metrics(
         raise DecodeError("malformed", f"kubelet response from {node} is not bytes")
     if len(body) > max_bytes:
         raise DecodeError("too_large", f"kubelet response from {node} is {len(body)} bytes, over {max_bytes}")
+    now_ = time.time() if now is None else float(now)
+    if reuse is not None and type(body) is bytes:
+        # the body's bytes against the node's template, before any decoding (decode_template.py)
+        template = reuse.templates.get(node)
+        if template is not None:
+            batch = _from_template(node, body, now_, template)
+            if batch is not None:
+                reuse.templates.hits += 1
+                template.uses += 1
+                reuse.touch(node)
+                return batch
+            reuse.templates.drop(node, template)
     not_utf8 = 0
     try:
         text = str(body, "utf-8")
@@ -272,21 +283,11 @@ def decode_resource_metrics(
         text, not_utf8 = utf8_lines(bytes(body))
         if not text or text.isspace():
             raise DecodeError("malformed", f"kubelet response from {node} is not UTF-8 text: {e}") from None
-    if "\r" in text:
+    crlf = "\r" in text
+    if crlf:
         text = text.replace("\r\n", "\n")
     if not text or text.isspace():
         raise DecodeError("malformed", f"kubelet response from {node} is empty")
-    now_ = time.time() if now is None else float(now)
-    if reuse is not None and not not_utf8:
-        template = reuse.templates.get(node)
-        if template is not None:
-            batch = _from_template(node, text, now_, template)
-            if batch is not None:
-                reuse.templates.hits += 1
-                template.uses += 1
-                reuse.touch(node)
-                return batch
-            reuse.templates.drop(node, template)
     acc = _Acc(now_)
     acc.malformed = not_utf8
 
@@ -338,17 +339,27 @@ def decode_resource_metrics(
         if pos < len(text):
             _slow_lines(text[pos:], acc)
     batch = _assemble(node, acc)
-    if reuse is not None and not batch.rejected and not not_utf8 and reuse.templates.want(node):
-        reuse.templates.put(node, build(text))
+    if (
+        reuse is not None
+        and type(body) is bytes
+        and not (batch.rejected or not_utf8 or crlf)
+        and reuse.templates.want(node)
+    ):
+        reuse.templates.put(node, build(text))  # a template of the text is one of these very bytes
     return batch
 
 
-def _from_template(node: str, text: str, now: float, t: Template) -> NodeBatch | None:
-    """The batch of ``text`` if it is ``t``'s body with other valid numbers (None: decode it in
+_NUM_BYTES = b"0123456789.eE+-"  # the bytes a value may have (NUM_CHARS, for bytes.translate)
+_ZERO = ord("0")
+
+
+def _from_template(node: str, body: bytes, now: float, t: Template) -> NodeBatch | None:
+    """The batch of ``body`` if it is ``t``'s body with other valid numbers (None: decode it in
     full); built by :func:`_assemble` from the template's columns, as a full decode builds it
-    from the fast path's (see kcms/sources/decode_template.py)."""
-    vt = t.numbers(text)
-    if vt is None or "".join(vt).translate(_NUM_CHARS):
+    from the fast path's (see kcms/sources/decode_template.py). The numbers are bytes here:
+    ``float`` and ``int`` read them as they read text."""
+    vt = t.numbers(body)
+    if vt is None or b"".join(vt).translate(None, _NUM_BYTES):
         return None
     n = t.n
     cv = vt[:n]
@@ -362,7 +373,7 @@ def _from_template(node: str, text: str, now: float, t: Template) -> NodeBatch |
         rest = vt[2 * n :]
     if t.node_stamped:
         tss += rest[1::2]
-    if tss and (not "".join(tss).isdigit() or max(map(len, tss)) > 18 or min(tss)[0] == "0"):
+    if tss and (not b"".join(tss).isdigit() or max(map(len, tss)) > 18 or min(tss)[0] == _ZERO):
         return None
     try:
         cpu = list(map(float, cv))
@@ -525,6 +536,7 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
         counts = screen_batch(batch, latest)
     for reason, n in counts.items():
         _bump(rejected, reason, n)
+    batch.screened = latest
     if acc.scrape_error is not None and acc.scrape_error != 0:
         if batch.node_point is None and not pods:
             raise DecodeError(

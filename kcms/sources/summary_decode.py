@@ -228,6 +228,8 @@ def decode_summary(node: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES
         elif points:
             out[pk] = points
     # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
-    for reason, n in screen_batch(batch, limits.future_limit()).items():
+    latest = limits.future_limit()
+    for reason, n in screen_batch(batch, latest).items():
         rejected[reason] = rejected.get(reason, 0) + n
+    batch.screened = latest
     return batch
