@@ -144,6 +144,9 @@ async def per_scrape(work: Path, rounds: int, history: float = 600.0) -> None:
         f"({spent['collections'] / n:.2f} collections a scrape); history {history:g} s; "
         f"load {os.getloadavg()[0]:.2f}"
     )
+    templates = client.decode_reuse.templates
+    print(f"body templates (kcms/sources/decode_template.py): {templates.hits} bodies read from one, "
+          f"{templates.misses} did not fit theirs")  # fmt: skip
 
 
 def main() -> int:
