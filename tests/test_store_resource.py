@@ -188,3 +188,49 @@ def test_go_duration_matches_go_formatting():
     assert go_duration(90.25) == "1m30.25s"
     assert go_duration(3600.0) == "1h0m0s"
     assert go_duration(-1.5) == "-1.5s"
+
+
+def _points_by_hand(s: ResourceStore) -> int:
+    """Every reading the store holds, counted one by one from what it exports."""
+    return sum(
+        (prev.node_point is not None)
+        + (last.node_point is not None)
+        + sum(map(len, prev.pods.values()))
+        + sum(map(len, last.pods.values()))
+        for prev, last in s.export_nodes()
+    )
+
+
+_READINGS = st.tuples(
+    st.sampled_from([("ns", "a"), ("ns", "b"), ("kube-system", "c")]),
+    st.sampled_from(["app", "sidecar"]),
+    st.sampled_from([0.0, 100.0]),  # start time: a change is a restart
+    st.floats(min_value=0.0, max_value=1e6, allow_nan=False),  # CPU seconds: may go backwards or jump
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2"]),
+            st.floats(min_value=-20.0, max_value=30.0, allow_nan=False),  # next timestamp step
+            st.booleans(),  # a node reading
+            st.lists(_READINGS, max_size=6),
+        ),
+        max_size=12,
+    )
+)
+def test_stored_readings_counted_as_they_are_stored(scrapes):
+    """stats()'s count of readings (kept by store() as it goes: fresh containers, restarts,
+    counters backwards, absurd jumps, repeated and older readings, pods moving between nodes)
+    is always the number of readings the store holds."""
+    s = ResourceStore(15.0)
+    t = 10_000.0
+    for node, step, with_node, readings in scrapes:
+        t += step
+        pods: dict = {}
+        for key, container, start, cpu_s in readings:
+            pods.setdefault(key, {})[container] = (start, cpu_s, 4096)
+        s.store(batch(node, t, 1000.0 + t if with_node else None, pods), received=0.0)
+        assert s.stats()[2] == _points_by_hand(s)

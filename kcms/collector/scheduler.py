@@ -30,6 +30,7 @@ SCRAPE_FAILURES = Counter(
     "kcms_kubelet_scrape_failures_total", "Failed node scrapes, by node and reason.", ["node", "reason"]
 )
 SCRAPES = Counter("kcms_kubelet_scrapes_total", "Node scrapes, by result.", ["result"])
+_SUCCEEDED = SCRAPES.labels("success")  # once, not per scrape (labels() is ~1.3 us a call)
 REJECTED = Counter("kcms_kubelet_rejected_samples_total", "Kubelet samples dropped, by reason.", ["reason"])
 LAST_CYCLE = Gauge("kcms_scrape_last_cycle_timestamp_seconds", "When the last scrape cycle started.")
 MISSING = Gauge(
@@ -169,7 +170,7 @@ class Collector:
                 self.status.failure(node.name, "timeout")
                 return self._failed(node.name, "timeout", f"no answer within {self.timeout:.1f}s")
             SCRAPE_DURATION.observe(time.monotonic() - t0)
-        SCRAPES.labels("success").inc()
+        _SUCCEEDED.inc()
         self.status.success(node.name)
         if node.name in self._last_success:
             self._last_success[node.name] = time.monotonic()

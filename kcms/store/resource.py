@@ -153,6 +153,7 @@ class _NodeEntry:
     # Pod usages computed since the last store() of this node: a list of all pods computes each
     # pod's usage once per scrape, not once per request.
     usage: dict[PodKey, PodUsage | None] = field(default_factory=dict)
+    points: int = 0  # readings held (node and containers, last and previous): for stats()
 
 
 def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
@@ -248,9 +249,11 @@ class ResourceStore:
         new_pods: dict[PodKey, dict[str, _Pair]] = {}
         pod_node = self._pod_node
         moved_from: set[str] = set()
+        containers_in = no_previous = 0  # for the points count (stats())
         for key, containers in batch.pods.items():
             old_containers = old_pods.get(key)
             pairs: dict[str, _Pair] = {}
+            containers_in += len(containers)
             for name, new in containers.items():
                 old = old_containers.get(name) if old_containers is not None else None
                 if old is not None:
@@ -264,8 +267,9 @@ class ResourceStore:
                     ):
                         pairs[name] = (new, last)
                         continue
-                prev = _previous_for(new, old, resolution)
-                pairs[name] = (new, self._checked(new, old, prev, counts))
+                prev = self._checked(new, old, _previous_for(new, old, resolution), counts)
+                pairs[name] = (new, prev)
+                no_previous += prev is None
             new_pods[key] = pairs
             owner = pod_node.get(key)
             if owner != node:
@@ -277,6 +281,7 @@ class ResourceStore:
                 del pod_node[key]
         entry.pods = new_pods
         entry.usage = {}
+        entry.points = 2 * containers_in - no_previous + (entry.last is not None) + (entry.prev is not None)
         for other in moved_from:
             other_entry = self._nodes.get(other)
             if other_entry is not None:
@@ -437,10 +442,5 @@ class ResourceStore:
 
     def stats(self) -> tuple[int, int, int]:
         """(nodes, pods, stored readings) — for our own metrics."""
-        points = 0
-        for entry in self._nodes.values():
-            points += (entry.last is not None) + (entry.prev is not None)
-            for pairs in entry.pods.values():
-                for _, prev in pairs.values():
-                    points += 1 + (prev is not None)
-        return len(self._nodes), len(self._pod_node), points
+        # counted by store() (this ran over every reading each cycle: ~50 ms at 150 000 pods)
+        return len(self._nodes), len(self._pod_node), sum(e.points for e in self._nodes.values())
