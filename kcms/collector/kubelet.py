@@ -171,6 +171,11 @@ class KubeletClient:
             return decode_summary(node.name, body, max_bytes=self.config.max_body_bytes)
         except DecodeError as e:
             raise ScrapeError(f"decode_{e.reason}", f"{self.url(node)}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a decoder bug on one kubelet's body must cost that
+            # node's scrape, not the cycle of every node (an exception out of here ends the loop)
+            raise ScrapeError(
+                "decode_internal_error", f"{self.url(node)}: the decoder failed on this body: {e.__class__.__name__}"
+            ) from None
 
     @property
     def connects(self) -> int:
