@@ -9,7 +9,9 @@ dropped, so nothing is ever served frozen at an old value.
 
 Every batch is screened on the way in (:func:`kcms.sources.bounds.screen_batch`: a reading more
 than ``--max-future-skew`` ahead, negative, non-finite or absurd, or with an oversized name, is
-refused, its pod with it), whoever wrote it: a collector, a node push, a peer's copy. A pair of
+refused, its pod with it), whoever wrote it: a collector, a node push, a peer's copy (a batch a
+kubelet decoder of this process has just screened against the same or an earlier limit, as its
+``screened`` field says, is not looked at twice; a batch read from any wire is). A pair of
 readings whose rate would be over :data:`kcms.sources.bounds.MAX_CPU_CORES` cores gives no rate
 (``absurd_rate``), and a counter that went down within one container start is a new base, never a
 negative rate (``counter_backwards``). All are counted in ``kcms_store_refused_readings_total{reason}``.
