@@ -356,9 +356,12 @@ def test_charts_drawn_from_the_history(demo, browser):
 
 
 def test_custom_and_external_metrics_listed_with_values(demo, browser):
-    open_page(browser, demo.url)
     discovered = {r["name"] for r in demo.api("/apis/custom.metrics.k8s.io/v1beta2")["resources"]}
+    # The demo's node agents give node_load1 a new point every 5 s and the page reads every 10 s, at a
+    # fixed phase to each other: a page drawn just before a new point never shows what the API shows
+    # next. So each try loads the page afresh (its snapshot is read then) and reads the API right after.
     for _ in range(20):
+        open_page(browser, demo.url)
         page = browser.execute_script(
             "const s = window.kcmsDashboard.snapshot;"
             "return {custom: s.custom, external: s.external,"
