@@ -436,10 +436,10 @@ def test_store_trusts_a_decoders_screen_only_up_to_its_own_future_limit() -> Non
     """A kubelet decoder marks the batch it screened (NodeBatch.screened) and the store does not
     screen it again, unless the decoder's limit was later than the store's: a body decoded as of
     an hour ahead (its readings, without timestamps, stamped then) passes the decoder's own screen
-    but is refused by the store. A batch from anywhere else (the wire, a test) is screened."""
+    but is refused by the store. (Batches made anywhere else carry no mark and are screened: the
+    test above.)"""
     from _kubelet_decode_helpers import build_resource_body
 
-    from kcms.model import NodeBatch
     from kcms.sources.kubelet_decode import decode_resource_metrics
     from kcms.store.resource import ResourceStore
 
@@ -459,7 +459,7 @@ def test_store_trusts_a_decoders_screen_only_up_to_its_own_future_limit() -> Non
     s.store(now, received=0.0)
     assert len(now.pods) == 3 and now.node_point is not None
     assert s.pod_usage(*next(iter(now.pods)), now=0.0) is None  # stored (one reading: no rate yet)
-    assert isinstance(now, NodeBatch) and s.node_names() == ["n-ahead", "n-now"]
+    assert s.node_names() == ["n-ahead", "n-now"]
 
 
 def test_served_times_always_have_four_digit_years() -> None:
