@@ -13,7 +13,9 @@ from typing import Any
 
 CPU_FAMILY = "container_cpu_usage_seconds_total"
 MEM_FAMILY = "container_memory_working_set_bytes"
-NUM_CHARS = str.maketrans("", "", "0123456789.eE+-")
+_NUMBER_CHARACTERS = "0123456789.eE+-"  # all a sample value may hold on the fast paths
+NUM_CHARS = str.maketrans("", "", _NUMBER_CHARACTERS)  # for str.translate
+NUM_BYTES = _NUMBER_CHARACTERS.encode()  # for bytes.translate(None, NUM_BYTES)
 # 2**20 s: below it float arithmetic rounds to the exact nanosecond (see seconds_to_ns)
 NS_FAST_LIMIT = 1048576.0
 CTX = Context(prec=80, rounding=ROUND_HALF_EVEN)

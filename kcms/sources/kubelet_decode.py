@@ -88,6 +88,7 @@ from kcms.sources.exposition import utf8_lines
 from kcms.sources.kubelet_blocks import CPU_FAMILY as _CPU
 from kcms.sources.kubelet_blocks import MEM_FAMILY as _MEM
 from kcms.sources.kubelet_blocks import NS_FAST_LIMIT as _NS_FAST_LIMIT
+from kcms.sources.kubelet_blocks import NUM_BYTES as _NUM_BYTES
 from kcms.sources.kubelet_blocks import Columns, seconds_to_ns
 from kcms.sources.kubelet_blocks import fast_block as _fast_block
 from kcms.sources.kubelet_blocks import find_block as _find_block
@@ -354,7 +355,6 @@ def decode_resource_metrics(
     return batch
 
 
-_NUM_BYTES = b"0123456789.eE+-"  # the bytes a value may have (NUM_CHARS, for bytes.translate)
 _ZERO = ord("0")
 
 
