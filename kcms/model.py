@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -32,6 +32,22 @@ class ResourcePoint(msgspec.Struct, gc=False):
 PodKey = tuple[str, str]  # (namespace, name)
 
 
+class ContainerColumns(NamedTuple):
+    """A batch's container readings as the kubelet decoder read them: one column per field, one
+    entry per series, in the body's order (``NodeBatch.columns``).
+
+    ``signature`` names the series (their label values joined; equal signatures, equal series in
+    the same order), so the store can compare two scrapes of a node a column at a time (in C)
+    instead of container by container (kcms/store/resource.py).
+    """
+
+    signature: str
+    start: list[float]
+    times: list[float]
+    cpu_ns: list[int]
+    memory: list[Any]  # int bytes
+
+
 @dataclass(slots=True)
 class NodeBatch:
     """Everything one scrape of one kubelet yielded."""
@@ -47,6 +63,10 @@ class NodeBatch:
     # The store screens again only when it is 0 or later than its own limit (~40 us a node of
     # 60 containers saved per scrape). Never carried over a wire: a batch read from one is 0.
     screened: float = field(default=0.0, compare=False, repr=False)
+    # What ``pods`` was built from, when a decoder of this process built it from aligned columns
+    # (every series in one container of one pod, none refused or dropped); None otherwise. Whoever
+    # changes ``pods`` must set it to None. Never carried over a wire.
+    columns: ContainerColumns | None = field(default=None, compare=False, repr=False)
 
 
 class DecodeError(ValueError):

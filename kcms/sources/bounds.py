@@ -197,6 +197,8 @@ def screen_pods(batch: NodeBatch, latest: float, counts: dict[str, int]) -> None
             drop.append(key)
     for key in drop:
         del batch.pods[key]
+    if drop:
+        batch.columns = None  # no longer what ``pods`` holds
 
 
 # ---- custom-metric samples in the store's block form ----------------------------------------------

@@ -80,7 +80,7 @@ from operator import mul, sub, truediv
 from typing import Any
 
 from kcms import limits
-from kcms.model import DecodeError, NodeBatch, ResourcePoint
+from kcms.model import ContainerColumns, DecodeError, NodeBatch, ResourcePoint
 from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, screen_batch, screen_node_point
 from kcms.sources.decode_reuse import DecodeReuse
 from kcms.sources.decode_template import Template, build
@@ -132,6 +132,7 @@ class _Acc:
         "now",
         "start_block",
         "names_checked",
+        "container_columns",
     )
 
     def __init__(self, now: float) -> None:
@@ -151,6 +152,8 @@ class _Acc:
         self.start_block: str | None = None
         # the reused start-time block's names are all within MAX_NAME_LENGTH (checked when remembered)
         self.names_checked = False
+        # the columns every container of the batch was built from (_assemble_aligned), if so
+        self.container_columns: ContainerColumns | None = None
 
     def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
         """The family's table, with any fast-path columns merged in (first occurrence wins)."""
@@ -445,7 +448,10 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
     if sum(map(len, pods.values())) != len(points):
         pods.clear()
         return None  # a duplicate series: let the general path count it
-    if 0 in cpu_ns or 0 in memory:
+    if not (0 in cpu_ns or 0 in memory):
+        # every series became one container of ``pods``: what the store compares a column at a time
+        acc.container_columns = ContainerColumns(signature, start[3], times, cpu_ns, memory)
+    else:
         zero_pods = {
             pk
             for pk, n, m in zip(zip(namespaces, names, strict=True), cpu_ns, memory, strict=True)
@@ -540,6 +546,8 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
     counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked)
     if counts is None:
         counts = screen_batch(batch, latest)
+    elif acc.container_columns is not None:
+        batch.columns = acc.container_columns  # every container kept (only the node point screened)
     for reason, n in counts.items():
         _bump(rejected, reason, n)
     batch.screened = latest

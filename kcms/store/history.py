@@ -37,7 +37,9 @@ Retention and eviction:
 
 The write (:meth:`HistoryStore.record`) runs on the store's hot path, once per node scrape, with
 the pairs of readings the store has just chosen, updating the node's pod records in place (a new
-record only for a new pod or a changed set of containers). Measured (``bench/history_store.py``,
+record only for a new pod or a changed set of containers). A scrape the store took a column at a
+time with the same series as the last one recorded (:meth:`HistoryStore.record_columns`) is written
+from the decoder's columns: rates computed a column at a time, then only stores into the records. Measured (``bench/history_store.py``,
 1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per node scrape (~0.9 us per container)
 and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
 history in ``docs/history.md`` (``bench/resource_pipeline.py``).
@@ -49,9 +51,10 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
+from operator import truediv
 from typing import Any
 
-from kcms.model import PodKey, ResourcePoint
+from kcms.model import ContainerColumns, PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
 
 # Per container of a pod: (last reading, previous reading usable for a rate, or None)
@@ -77,8 +80,19 @@ def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     return int(rate)
 
 
+def _series_by_pod(signature: str) -> list[tuple[PodKey, tuple[int, ...]]]:
+    """Per pod, in order of first appearance, the indices of its series in a decoder's columns
+    (``ContainerColumns.signature``: container, namespace and pod of each series, joined by '"',
+    which no name holds). The decoder built its pods in that order, so the store's and ours are."""
+    parts = signature.split('"')
+    by_pod: dict[PodKey, list[int]] = {}
+    for i, key in enumerate(zip(parts[1::3], parts[2::3], strict=True)):
+        by_pod.setdefault(key, []).append(i)
+    return [(key, tuple(index)) for key, index in by_pod.items()]
+
+
 class _NodeHistory:
-    __slots__ = ("count", "head", "node", "pods", "times")
+    __slots__ = ("count", "head", "layout", "node", "pods", "series", "times")
 
     def __init__(self, capacity: int) -> None:
         self.times = array("d", bytes(8 * capacity))
@@ -86,6 +100,8 @@ class _NodeHistory:
         self.head = 0  # the slot the next scrape is written to
         self.count = 0  # slots written (at most capacity)
         self.pods: dict[PodKey, tuple[tuple[str, ...], bytearray]] = {}
+        self.layout: object = None  # the store's token for the series ``pods`` was last written with
+        self.series: list[tuple[PodKey, tuple[int, ...]]] | None = None  # _series_by_pod(), for layout
 
     def newest(self, capacity: int) -> float:
         return self.times[(self.head - 1) % capacity] if self.count else 0.0
@@ -121,10 +137,12 @@ class HistoryStore:
         last: ResourcePoint | None,
         prev: ResourcePoint | None,
         pods: Mapping[PodKey, Pairs],
+        layout: object = None,
     ) -> None:
         """One scrape of ``node``, as the store keeps it: the node's readings and, per pod and
         container, the last reading and the one its rate is taken from. Pods (and containers) not
-        in ``pods`` are forgotten."""
+        in ``pods`` are forgotten. ``layout``: the store's token for these series (see
+        :meth:`record_columns`)."""
         if last is not None:
             ts = last.timestamp
         else:
@@ -137,14 +155,7 @@ class HistoryStore:
             h = self._nodes[node] = _NodeHistory(cap)
         elif h.count and ts <= h.times[(h.head - 1) % cap]:
             return  # the same reading again (or an older one): no new point
-        slot = h.head
-        h.times[slot] = ts
-        nd = h.node
-        if last is None:
-            nd[slot] = nd[cap + slot] = -1
-        else:
-            nd[slot] = _rate(last, prev)
-            nd[cap + slot] = last.memory
+        slot = self._node_slot(h, ts, last, prev)
         kept = h.pods  # updated in place: no new dict per scrape
         pod_node = self._pod_node
         step = 2 * cap
@@ -178,6 +189,69 @@ class HistoryStore:
         h.head = (slot + 1) % cap
         if h.count < cap:
             h.count += 1
+        h.layout = layout
+        h.series = None
+
+    def record_columns(
+        self,
+        node: str,
+        last: ResourcePoint | None,
+        prev: ResourcePoint | None,
+        layout: object,
+        columns: ContainerColumns,
+        deltas: list[int],
+        spans: list[float],
+    ) -> bool:
+        """:meth:`record` for a scrape the store took a column at a time
+        (``ResourceStore._store_columns``): ``columns`` holds the same series, in the same order,
+        as the last scrape recorded with ``layout``, and per series the CPU counter's rise over the
+        seconds since the reading before (``deltas``, ``spans``: every span > 0, every rise >= 0).
+        False, with nothing written, when :meth:`record` must do it: another layout recorded last,
+        or a rate over MAX_NANOCORES. The pods' records are written in place; no pod is added or
+        dropped. ~27 us against ~77 for :meth:`record`, a node of 60 containers in process."""
+        h = self._nodes.get(node)
+        if h is None or layout is None or h.layout is not layout:
+            return False
+        rates = list(map(truediv, deltas, spans))
+        if max(rates) > MAX_NANOCORES:
+            return False
+        ts = last.timestamp if last is not None else max(columns.times)
+        cap = self.capacity
+        if h.count and ts <= h.times[(h.head - 1) % cap]:
+            return True  # the same reading again (or an older one): no new point, as record()
+        if h.series is None:
+            h.series = _series_by_pod(columns.signature)
+        slot = self._node_slot(h, ts, last, prev)
+        cpu = list(map(int, rates))
+        memory = columns.memory
+        kept = h.pods
+        step = 2 * cap
+        for key, index in h.series:
+            data: Any = memoryview(kept[key][1]).cast("q")
+            base = slot
+            for i in index:
+                data[base] = cpu[i]
+                data[base + cap] = memory[i]
+                base += step
+        h.head = (slot + 1) % cap
+        if h.count < cap:
+            h.count += 1
+        return True
+
+    def _node_slot(
+        self, h: _NodeHistory, ts: float, last: ResourcePoint | None, prev: ResourcePoint | None
+    ) -> int:
+        """Write the scrape's timestamp and node point into the next slot of ``h``; return it."""
+        cap = self.capacity
+        slot = h.head
+        h.times[slot] = ts
+        nd = h.node
+        if last is None:
+            nd[slot] = nd[cap + slot] = -1
+        else:
+            nd[slot] = _rate(last, prev)
+            nd[cap + slot] = last.memory
+        return slot
 
     def _reshaped(
         self, rec: tuple[tuple[str, ...], bytearray] | None, names: tuple[str, ...]
