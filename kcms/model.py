@@ -46,6 +46,7 @@ class ContainerColumns(NamedTuple):
     times: list[float]
     cpu_ns: list[int]
     memory: list[Any]  # int bytes
+    readings: list[ResourcePoint]  # the batch's points pod by pod, container by container, as in ``pods``
 
 
 @dataclass(slots=True)

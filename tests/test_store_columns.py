@@ -177,6 +177,7 @@ ACTIONS = ("none", "none", "none", "backwards", "jump", "restart", "drop", "add"
     steps=[("n1", "none", 0, 15.0, False), ("n1", "none", 0, 15.0, False), ("n1", "add", 0, 0.0, False),
            ("n1", "none", 0, 15.0, True)]
 )  # fmt: skip
+@example(steps=[("n1", "none", 0, 15.0, False), ("n1", "none", 0, 15.0, False), ("n1", "restart", 0, 15.0, True)])
 def test_column_path_gives_what_the_loop_gives(steps):
     """Whatever a node's scrapes do (counters going backwards or jumping, restarts, the same or
     an older reading, pods added, dropped, moving between nodes or in two nodes' scrapes), reads

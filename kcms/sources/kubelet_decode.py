@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import math
 import time
-from itertools import repeat
+from itertools import chain, repeat
 from operator import mul, sub, truediv
 from typing import Any
 
@@ -450,7 +450,8 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
         return None  # a duplicate series: let the general path count it
     if not (0 in cpu_ns or 0 in memory):
         # every series became one container of ``pods``: what the store compares a column at a time
-        acc.container_columns = ContainerColumns(signature, start[3], times, cpu_ns, memory)
+        readings = list(chain.from_iterable(map(dict.values, pods.values())))  # in pods' order
+        acc.container_columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings)
     else:
         zero_pods = {
             pk

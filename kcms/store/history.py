@@ -51,7 +51,7 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from operator import truediv
+from operator import itemgetter, truediv
 from typing import Any
 
 from kcms.model import ContainerColumns, PodKey, ResourcePoint
@@ -80,15 +80,23 @@ def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     return int(rate)
 
 
-def _series_by_pod(signature: str) -> list[tuple[PodKey, tuple[int, ...]]]:
-    """Per pod, in order of first appearance, the indices of its series in a decoder's columns
-    (``ContainerColumns.signature``: container, namespace and pod of each series, joined by '"',
-    which no name holds). The decoder built its pods in that order, so the store's and ours are."""
+def _layout(signature: str, kept: dict[PodKey, tuple[tuple[str, ...], bytearray]]) -> _Layout:
+    """How :meth:`HistoryStore.record_columns` writes a decoder's columns into ``kept``: a getter
+    that puts the series in pod order (pods in order of first appearance, as the decoder built them),
+    each pod's record, and its number of series. ``signature`` (``ContainerColumns.signature``)
+    names each series' container, namespace and pod, joined by '"', which no name holds. Holds no
+    name of its own (new strings per node would cost ~8 kB a node)."""
     parts = signature.split('"')
     by_pod: dict[PodKey, list[int]] = {}
     for i, key in enumerate(zip(parts[1::3], parts[2::3], strict=True)):
         by_pod.setdefault(key, []).append(i)
-    return [(key, tuple(index)) for key, index in by_pod.items()]
+    order = [i for index in by_pod.values() for i in index]
+    getter = itemgetter(*order) if len(order) > 1 else lambda values: (values[order[0]],)
+    return getter, [kept[key][1] for key in by_pod], [len(index) for index in by_pod.values()]
+
+
+# _layout(): series in pod order, each pod's record, its number of series
+_Layout = tuple[Callable[[list[int]], tuple[int, ...]], list[bytearray], list[int]]
 
 
 class _NodeHistory:
@@ -101,7 +109,7 @@ class _NodeHistory:
         self.count = 0  # slots written (at most capacity)
         self.pods: dict[PodKey, tuple[tuple[str, ...], bytearray]] = {}
         self.layout: object = None  # the store's token for the series ``pods`` was last written with
-        self.series: list[tuple[PodKey, tuple[int, ...]]] | None = None  # _series_by_pod(), for layout
+        self.series: _Layout | None = None  # _layout() of the columns of ``layout``
 
     def newest(self, capacity: int) -> float:
         return self.times[(self.head - 1) % capacity] if self.count else 0.0
@@ -220,19 +228,21 @@ class HistoryStore:
         if h.count and ts <= h.times[(h.head - 1) % cap]:
             return True  # the same reading again (or an older one): no new point, as record()
         if h.series is None:
-            h.series = _series_by_pod(columns.signature)
+            h.series = _layout(columns.signature, h.pods)
+        in_pod_order, records, sizes = h.series
         slot = self._node_slot(h, ts, last, prev)
-        cpu = list(map(int, rates))
-        memory = columns.memory
-        kept = h.pods
+        cpu = in_pod_order(list(map(int, rates)))
+        memory = in_pod_order(columns.memory)
         step = 2 * cap
-        for key, index in h.series:
-            data: Any = memoryview(kept[key][1]).cast("q")
+        i = 0
+        for raw, n in zip(records, sizes, strict=True):
+            data: Any = memoryview(raw).cast("q")
             base = slot
-            for i in index:
-                data[base] = cpu[i]
-                data[base + cap] = memory[i]
+            for j in range(i, i + n):
+                data[base] = cpu[j]
+                data[base + cap] = memory[j]
                 base += step
+            i += n
         h.head = (slot + 1) % cap
         if h.count < cap:
             h.count += 1

@@ -43,9 +43,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter, le, mul, sub
-from typing import TYPE_CHECKING, Any, TypeVar
+from itertools import islice, repeat
+from operator import le, mul, sub
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from prometheus_client import Counter, Gauge
@@ -172,27 +172,23 @@ class _NodeEntry:
     layout: object = None  # the same object while the node's series stay the same (for the history)
     moves: int = 0  # the store's count of pods moved between nodes when these pods were claimed
     fresh: dict[PodKey, dict[str, ResourcePoint]] | None = None  # newest readings, while pods is None
-    before: dict[PodKey, dict[str, Any]] | None = None  # the ones before: points, or pairs if before_pairs
-    before_pairs: bool = False
-
-
-_FIRST = itemgetter(0)
+    # the readings before them, in ``fresh``'s order: pod by pod, container by container (only the
+    # points: the previous batch's dicts would keep that decode's name strings alive too)
+    before: list[ResourcePoint] | None = None
 
 
 def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
     """``entry``'s pairs of readings, made from ``fresh`` and ``before`` on the first read after a
     column store (the two batches were made from the same series in the same order, so their
-    dicts line up container by container)."""
+    dicts list the containers in the same order)."""
     pods = entry.pods
     if pods is None:
         fresh, before = entry.fresh, entry.before
         assert fresh is not None and before is not None
         pods = {}
-        pick = _FIRST if entry.before_pairs else None
+        older = iter(before)
         for key, last in fresh.items():
-            older = before[key].values()
-            pairs = zip(last.values(), older if pick is None else map(pick, older), strict=True)
-            pods[key] = dict(zip(last, pairs, strict=True))
+            pods[key] = dict(zip(last, zip(last.values(), islice(older, len(last)), strict=True), strict=True))
         entry.pods = pods
         entry.fresh = entry.before = None
     return pods
@@ -367,10 +363,7 @@ class ResourceStore:
             and all(map(le, deltas, map(mul, repeat(MAX_NANOCORES), spans)))  # as the loop's check
         ):
             return False
-        if entry.pods is not None:
-            entry.before, entry.before_pairs = entry.pods, True
-        else:
-            entry.before, entry.before_pairs = entry.fresh, False
+        entry.before = old.readings  # the last readings, as ``batch.pods`` lists its containers
         entry.fresh = batch.pods
         entry.pods = None
         entry.columns = columns
