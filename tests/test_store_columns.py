@@ -156,6 +156,19 @@ def test_a_batch_the_store_screens_again_loses_its_columns():
     assert a.pod_node("default", "n1-1") == ""
 
 
+def test_a_node_of_one_container():
+    """The column path with a single series (the history's reorder of one value)."""
+    a, b = stores()
+    reuse = DecodeReuse()
+    series: Series = {("default", "solo"): {"app": [BASE - 3600.0, 10.0, 3e6]}}
+    for k in range(5):
+        series[("default", "solo")]["app"][1] += 1.5
+        store_both(a, b, "n1", render(series, BASE + 15.0 * k, 1000.0 + k), reuse)
+    assert a._nodes["n1"].pods is None  # stored by columns
+    same_everything(a, b, {("default", "solo")})
+    assert len(a.history.pod_points("default", "solo", 0.0)[1]) == 4  # type: ignore[union-attr]
+
+
 ACTIONS = ("none", "none", "none", "backwards", "jump", "restart", "drop", "add", "move", "copy")
 
 

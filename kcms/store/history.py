@@ -39,8 +39,8 @@ The write (:meth:`HistoryStore.record`) runs on the store's hot path, once per n
 the pairs of readings the store has just chosen, updating the node's pod records in place (a new
 record only for a new pod or a changed set of containers). A scrape the store took a column at a
 time with the same series as the last one recorded (:meth:`HistoryStore.record_columns`) is written
-from the decoder's columns: rates computed a column at a time, then only stores into the records. Measured (``bench/history_store.py``,
-1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per node scrape (~0.9 us per container)
+from the decoder's columns: rates computed a column at a time, then only stores into the records.
+Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per node scrape (~0.9 us per container)
 and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
 history in ``docs/history.md`` (``bench/resource_pipeline.py``).
 """
