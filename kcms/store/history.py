@@ -67,7 +67,7 @@ MIN_CAPACITY = 3
 
 def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     """CPU nanocores between two readings of one container start, -1 if there is no usable rate
-    (the same rules as ResourceStore._pod_usage)."""
+    (the same rules as kcms.store.resource.pod_rates)."""
     if prev is None:
         return -1
     span = last.timestamp - prev.timestamp

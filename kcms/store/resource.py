@@ -41,7 +41,7 @@ object at all (:func:`pod_rates`, :meth:`ResourceStore.node_pod_rates`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, repeat
 from operator import le, mul, sub
@@ -113,25 +113,26 @@ _P = TypeVar("_P")
 
 
 def pod_rates(
-    pairs: dict[str, _Pair] | None,
+    pairs: Iterable[tuple[str, _Pair]],
     container: Callable[[str, float, float, int, int], _C],
     pod: Callable[[float, float, list[_C]], _P],
 ) -> _P | None:
     """A pod's usage as ``pod(timestamp, window, [container(name, timestamp, window, nanocores,
-    memory), ...])``, or None unless every container has a usable rate (two readings of one
-    container start, a positive span, a counter that did not go down, at most MAX_NANOCORES).
-    The pod's timestamp and window are its oldest container reading's: no part of it is newer.
+    memory), ...])`` from its containers' ``(name, (last reading, reading before))``, or None
+    unless there is a container and every container has a usable rate (two readings of one
+    container start, a positive span, a counter that did not go down, at most MAX_NANOCORES). The
+    pod's timestamp and window are its oldest container reading's: no part of it is newer. Pairs
+    as an iterable, not a dict: a pod stored a column at a time has no dict of them
+    (:func:`_pod_readings`).
 
     The one place these rules live: the store makes :class:`PodUsage` with it, and the list of
     every pod renders JSON text with it directly (:mod:`kcms.apis.metrics.blocks`), keeping no
     object per pod: at 150 000 pods the PodUsage tuples of a full render sat in the collector's
     youngest generation (~450 000 of them), and the next list paid 180-250 ms for the pass that
     untracked them."""
-    if not pairs:
-        return None
     parts: list[_C] = []
     timestamp = window = 0.0
-    for cname, (last, prev) in pairs.items():
+    for cname, (last, prev) in pairs:
         if prev is None:
             return None
         at = last.timestamp
@@ -145,6 +146,8 @@ def pod_rates(
         parts.append(container(cname, at, span, int(rate), last.memory))
         if timestamp == 0.0 or at < timestamp:
             timestamp, window = at, span
+    if not parts:
+        return None
     return pod(timestamp, window, parts)
 
 
@@ -177,21 +180,44 @@ class _NodeEntry:
     before: list[ResourcePoint] | None = None
 
 
+def _with_before(last: dict[str, ResourcePoint], older: Iterable[ResourcePoint]) -> Iterable[tuple[str, _Pair]]:
+    """A pod's ``(container, (last reading, reading before))`` from its newest readings and, in
+    the same order, the ones before (as many, by construction: not checked, it runs per pod read)."""
+    return zip(last, zip(last.values(), older, strict=False), strict=False)
+
+
 def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
-    """``entry``'s pairs of readings, made from ``fresh`` and ``before`` on the first read after a
-    column store (the two batches were made from the same series in the same order, so their
-    dicts list the containers in the same order)."""
+    """``entry``'s pairs of readings, made (and kept) from ``fresh`` and ``before`` after a column
+    store (the two batches were made from the same series in the same order, so their dicts list
+    the containers in the same order). For writes and copies only; reads use :func:`_pod_readings`
+    and :meth:`ResourceStore.node_pod_rates`, which keep nothing: making and keeping every pod's
+    pairs at the first read after a cycle took ~300 ms at 90 000 pods, where the loop had made
+    them scrape by scrape."""
     pods = entry.pods
     if pods is None:
         fresh, before = entry.fresh, entry.before
         assert fresh is not None and before is not None
-        pods = {}
         older = iter(before)
-        for key, last in fresh.items():
-            pods[key] = dict(zip(last, zip(last.values(), islice(older, len(last)), strict=True), strict=True))
+        pods = {key: dict(_with_before(last, islice(older, len(last)))) for key, last in fresh.items()}
         entry.pods = pods
         entry.fresh = entry.before = None
     return pods
+
+
+def _pod_readings(entry: _NodeEntry, key: PodKey) -> Iterable[tuple[str, _Pair]]:
+    """One pod's ``(container, (last reading, reading before))`` for :func:`pod_rates` (empty: no
+    such pod); no dict of pairs is made (nor kept) for a pod stored a column at a time."""
+    if entry.pods is not None:
+        pairs = entry.pods.get(key)
+        return () if pairs is None else pairs.items()
+    fresh, before = entry.fresh, entry.before
+    assert fresh is not None and before is not None
+    last = fresh.get(key)
+    if last is None:
+        return ()
+    # where the pod's readings start in ``before``: after those of the pods listed before it
+    start = sum(map(len, islice(fresh.values(), list(fresh).index(key))))
+    return _with_before(last, before[start : start + len(last)])
 
 
 def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
@@ -393,7 +419,7 @@ class ResourceStore:
         entry = self._nodes.pop(node, None)
         if entry is None:
             return
-        for key in _pairs(entry):
+        for key in entry.pods if entry.pods is not None else entry.fresh or ():
             if self._pod_node.get(key) == node:
                 del self._pod_node[key]
 
@@ -464,12 +490,8 @@ class ResourceStore:
             return None
         usage = entry.usage.get(key, _MISSING)
         if usage is _MISSING:  # the first read since the node's last write
-            usage = entry.usage[key] = self._pod_usage(_pairs(entry).get(key))
+            usage = entry.usage[key] = pod_rates(_pod_readings(entry, key), _container_usage, _pod_usage_of)
         return usage  # type: ignore[return-value]
-
-    @staticmethod
-    def _pod_usage(pairs: dict[str, _Pair] | None) -> PodUsage | None:
-        return pod_rates(pairs, _container_usage, _pod_usage_of)
 
     def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]:
         """``(node, token)`` for every node whose readings are fresh, in store order.
@@ -494,9 +516,22 @@ class ResourceStore:
         if entry is None:
             return []
         owner = self._pod_node
-        return [
-            (key, pod_rates(pairs, container, pod)) for key, pairs in _pairs(entry).items() if owner.get(key) == node
-        ]
+        if entry.pods is not None:
+            return [
+                (key, pod_rates(pairs.items(), container, pod))
+                for key, pairs in entry.pods.items()
+                if owner.get(key) == node
+            ]
+        fresh, before = entry.fresh, entry.before
+        assert fresh is not None and before is not None
+        out = []
+        start = 0  # the pod's readings before, in ``before``
+        for key, last in fresh.items():
+            end = start + len(last)
+            if owner.get(key) == node:
+                out.append((key, pod_rates(_with_before(last, before[start:end]), container, pod)))
+            start = end
+        return out
 
     def node_names(self) -> list[str]:
         return list(self._nodes)
