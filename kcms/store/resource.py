@@ -291,7 +291,8 @@ class ResourceStore:
 
     def store(self, batch: NodeBatch, received: float | None = None) -> None:
         """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the
-        bounds are dropped from ``batch`` (see the module docstring) and counted."""
+        bounds are dropped from ``batch`` (see the module docstring) and counted. A batch with
+        columns may be kept as it is (its ``pods`` dicts): the caller must not change it after."""
         received = time.monotonic() if received is None else received
         counts = screen_batch(batch)
         node = batch.node
