@@ -40,8 +40,8 @@ the pairs of readings the store has just chosen, updating the node's pod records
 record only for a new pod or a changed set of containers). A scrape the store took a column at a
 time with the same series as the last one recorded (:meth:`HistoryStore.record_columns`) is written
 from the decoder's columns: rates computed a column at a time, then only stores into the records.
-Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per node scrape (~0.9 us per container)
-and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
+Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per
+node scrape (~0.9 us per container) and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
 history in ``docs/history.md`` (``bench/resource_pipeline.py``).
 """
 
@@ -161,9 +161,9 @@ class HistoryStore:
         h = self._nodes.get(node)
         if h is None:
             h = self._nodes[node] = _NodeHistory(cap)
-        elif h.count and ts <= h.times[(h.head - 1) % cap]:
-            return  # the same reading again (or an older one): no new point
-        slot = self._node_slot(h, ts, last, prev)
+        slot = self._next_slot(h, ts, last, prev)
+        if slot is None:
+            return
         kept = h.pods  # updated in place: no new dict per scrape
         pod_node = self._pod_node
         step = 2 * cap
@@ -194,9 +194,6 @@ class HistoryStore:
                 del kept[key]
                 if pod_node.get(key) == node:
                     del pod_node[key]
-        h.head = (slot + 1) % cap
-        if h.count < cap:
-            h.count += 1
         h.layout = layout
         h.series = None
 
@@ -224,13 +221,13 @@ class HistoryStore:
         if max(rates) > MAX_NANOCORES:
             return False
         ts = last.timestamp if last is not None else max(columns.times)
-        cap = self.capacity
-        if h.count and ts <= h.times[(h.head - 1) % cap]:
-            return True  # the same reading again (or an older one): no new point, as record()
+        slot = self._next_slot(h, ts, last, prev)
+        if slot is None:
+            return True  # no new point, as record()
         if h.series is None:
             h.series = _layout(columns.signature, h.pods)
         in_pod_order, records, sizes = h.series
-        slot = self._node_slot(h, ts, last, prev)
+        cap = self.capacity
         cpu = in_pod_order(list(map(int, rates)))
         memory = in_pod_order(columns.memory)
         step = 2 * cap
@@ -243,17 +240,21 @@ class HistoryStore:
                 data[base + cap] = memory[j]
                 base += step
             i += n
+        return True
+
+    def _next_slot(
+        self, h: _NodeHistory, ts: float, last: ResourcePoint | None, prev: ResourcePoint | None
+    ) -> int | None:
+        """Take the next slot of ``h`` for a scrape at ``ts`` and write its timestamp and node point
+        there; return it (the caller writes the pods' values into it). None, with nothing written,
+        when ``ts`` is no newer than the newest slot: the same reading again (or an older one)."""
+        cap = self.capacity
+        if h.count and ts <= h.times[(h.head - 1) % cap]:
+            return None
+        slot = h.head
         h.head = (slot + 1) % cap
         if h.count < cap:
             h.count += 1
-        return True
-
-    def _node_slot(
-        self, h: _NodeHistory, ts: float, last: ResourcePoint | None, prev: ResourcePoint | None
-    ) -> int:
-        """Write the scrape's timestamp and node point into the next slot of ``h``; return it."""
-        cap = self.capacity
-        slot = h.head
         h.times[slot] = ts
         nd = h.node
         if last is None:

@@ -311,10 +311,15 @@ class ResourceStore:
             entry.last = point
 
         columns = batch.columns
-        if columns is not None and entry.columns is not None and self._store_columns(entry, batch, columns):
-            for reason, n in counts.items():
-                REFUSED.labels(reason).inc(n)
-            return
+        if columns is None or entry.columns is None or not self._store_columns(entry, batch, columns):
+            self._store_pods(entry, batch, counts)
+        for reason, n in counts.items():
+            REFUSED.labels(reason).inc(n)
+
+    def _store_pods(self, entry: _NodeEntry, batch: NodeBatch, counts: dict[str, int]) -> None:
+        """:meth:`store`'s pods, container by container (any batch :meth:`_store_columns` does not
+        take); counts refusals into ``counts``."""
+        node = batch.node
         resolution = self.resolution
         old_pods = _pairs(entry)
         new_pods: dict[PodKey, dict[str, _Pair]] = {}
@@ -359,12 +364,10 @@ class ResourceStore:
                 other_entry.usage = {}
         self._moves += len(moved_from)
         entry.moves = self._moves
-        entry.columns = columns  # None unless every container of the batch came from them
+        entry.columns = batch.columns  # None unless every container of the batch came from them
         entry.layout = object()
         if self.history is not None:
             self.history.record(node, entry.last, entry.prev, new_pods, entry.layout)
-        for reason, n in counts.items():
-            REFUSED.labels(reason).inc(n)
 
     def _store_columns(self, entry: _NodeEntry, batch: NodeBatch, columns: ContainerColumns) -> bool:
         """Store ``batch`` a column at a time when it holds the same series as the node's last
