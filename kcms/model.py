@@ -6,7 +6,7 @@ Every folder may import from here; nothing here imports from the rest of the pac
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
@@ -32,6 +32,24 @@ class ResourcePoint(msgspec.Struct, gc=False):
 PodKey = tuple[str, str]  # (namespace, name)
 
 
+class PodPlaces(NamedTuple):
+    """Where each pod's containers lie among a batch's readings in pods' order
+    (``ContainerColumns.readings``), for the series ``signature`` names.
+
+    Made once for a node's series by the decoder and kept while they stay the same
+    (:mod:`kcms.sources.decode_reuse`), so a scrape of the same series makes no pod dicts at all:
+    the store reads a pod's readings by position, and ``NodeBatch.pods`` is made only when asked
+    for. Building those dicts container by container was the largest Python loop of a decode
+    (~15 us of ~240 for 60 containers, in a tight loop).
+    """
+
+    signature: str
+    # pod -> (position of its first container's reading, its containers' names in order)
+    of: dict[PodKey, tuple[int, tuple[str, ...]]]
+    # a getter turning a sequence in the series' order into a tuple in pods' order
+    in_pod_order: Any
+
+
 class ContainerColumns(NamedTuple):
     """A batch's container readings as the kubelet decoder read them: one column per field, one
     entry per series, in the body's order (``NodeBatch.columns``).
@@ -46,28 +64,96 @@ class ContainerColumns(NamedTuple):
     times: list[float]
     cpu_ns: list[int]
     memory: list[Any]  # int bytes
-    readings: list[ResourcePoint]  # the batch's points pod by pod, container by container, as in ``pods``
+    readings: list[ResourcePoint]  # the batch's points pod by pod, container by container
+    places: PodPlaces  # where each pod's are in ``readings``
+
+    def pods(self) -> dict[PodKey, dict[str, ResourcePoint]]:
+        """The readings as ``NodeBatch.pods`` holds them (new dicts)."""
+        readings = self.readings
+        return {
+            key: dict(zip(names, readings[at : at + len(names)], strict=True))
+            for key, (at, names) in self.places.of.items()
+        }
 
 
-@dataclass(slots=True)
 class NodeBatch:
-    """Everything one scrape of one kubelet yielded."""
+    """Everything one scrape of one kubelet yielded.
 
-    node: str
-    node_point: ResourcePoint | None = None
-    # (namespace, pod) -> container name -> point
-    pods: dict[PodKey, dict[str, ResourcePoint]] = field(default_factory=dict)
-    # reason label -> number of samples (or pods) dropped for that reason
-    rejected: dict[str, int] = field(default_factory=dict)
-    # The future limit (kcms.limits.future_limit) every reading above was found within by the
-    # decoder that made this batch in this process, which dropped the rest; 0.0: not screened.
-    # The store screens again only when it is 0 or later than its own limit (~40 us a node of
-    # 60 containers saved per scrape). Never carried over a wire: a batch read from one is 0.
-    screened: float = field(default=0.0, compare=False, repr=False)
-    # What ``pods`` was built from, when a decoder of this process built it from aligned columns
-    # (every series in one container of one pod, none refused or dropped); None otherwise. Whoever
-    # changes ``pods`` must set it to None. Never carried over a wire.
-    columns: ContainerColumns | None = field(default=None, compare=False, repr=False)
+    ``pods``: (namespace, pod) -> container name -> point. A batch the kubelet decoder built from
+    aligned columns makes it from ``columns`` only when it is first read (the store's usual path
+    never reads it, see :class:`PodPlaces`). Equality and ``repr`` are over ``node``,
+    ``node_point``, ``pods`` and ``rejected``, as when this was a dataclass.
+    """
+
+    __slots__ = ("node", "node_point", "_pods", "rejected", "screened", "_columns")
+
+    def __init__(
+        self,
+        node: str,
+        node_point: ResourcePoint | None = None,
+        pods: dict[PodKey, dict[str, ResourcePoint]] | None = None,
+        rejected: dict[str, int] | None = None,
+        screened: float = 0.0,
+        columns: ContainerColumns | None = None,
+    ) -> None:
+        self.node = node
+        self.node_point = node_point
+        # None: to be made from ``columns`` when first read
+        self._pods = pods if pods is not None or columns is not None else {}
+        # reason label -> number of samples (or pods) dropped for that reason
+        self.rejected: dict[str, int] = {} if rejected is None else rejected
+        # The future limit (kcms.limits.future_limit) every reading above was found within by the
+        # decoder that made this batch in this process, which dropped the rest; 0.0: not screened.
+        # The store screens again only when it is 0 or later than its own limit (~40 us a node of
+        # 60 containers saved per scrape). Never carried over a wire (nor from a scrape worker,
+        # kcms.collector.workerproto): a batch read from one is 0.
+        self.screened = screened
+        self._columns = columns
+
+    @property
+    def pods(self) -> dict[PodKey, dict[str, ResourcePoint]]:
+        pods = self._pods
+        if pods is None:
+            columns = self._columns
+            pods = self._pods = columns.pods() if columns is not None else {}
+        return pods
+
+    @pods.setter
+    def pods(self, value: dict[PodKey, dict[str, ResourcePoint]]) -> None:
+        self._pods = value
+
+    @property
+    def columns(self) -> ContainerColumns | None:
+        """What ``pods`` was built from, when a decoder of this process built it from aligned
+        columns (every series in one container of one pod, none refused or dropped); None
+        otherwise. Whoever changes ``pods`` must set it to None (``pods`` is made first if it was
+        not yet). Never carried over a wire."""
+        return self._columns
+
+    @columns.setter
+    def columns(self, value: ContainerColumns | None) -> None:
+        if self._pods is None and self._columns is not None:
+            self._pods = self._columns.pods()  # made from the columns before they go
+        self._columns = value
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, NodeBatch)
+        return (self.node, self.node_point, self.pods, self.rejected) == (
+            other.node,
+            other.node_point,
+            other.pods,
+            other.rejected,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return (
+            f"NodeBatch(node={self.node!r}, node_point={self.node_point!r}, pods={self.pods!r}, "
+            f"rejected={self.rejected!r})"
+        )
 
 
 class DecodeError(ValueError):

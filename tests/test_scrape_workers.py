@@ -383,10 +383,11 @@ def test_auto_fits_small_clusters_and_uses_a_spare_cpu_for_large_ones():
 
 
 # A worker gone bad: it answers the parent's Hello with a batch for a node it was not given, a
-# batch mixing an absurd reading with a good one, a cycle summary naming a foreign node, a bad
+# batch mixing an absurd reading with a good one (claiming to have screened it), a cycle summary naming a foreign node, a bad
 # label, impossible durations and negative counts, then an oversized frame; then it hangs.
 HOSTILE = r"""
 import math, sys, time
+import msgspec
 from kcms.collector.workerproto import Batch, CycleEnd, CycleStart, HEADER, frame
 from kcms.model import NodeBatch, ResourcePoint
 node, pod_ns, pod = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -395,9 +396,13 @@ now = time.time()
 good = ResourcePoint(now - 3600, now, 10**12, 1 << 20)
 out = sys.stdout.buffer
 out.write(frame(CycleStart(now)))
-out.write(frame(Batch(NodeBatch("intruder", good, {("default", "x"): {"c": good}}))))
+out.write(frame(Batch.of(NodeBatch("intruder", good, {("default", "x"): {"c": good}}))))
 absurd = ResourcePoint(now - 3600, now + 10**6, 10**12, 1 << 20)  # far in the future
-out.write(frame(Batch(NodeBatch(node, good, {(pod_ns, pod): {"c": good}, ("default", "bad"): {"c": absurd}}))))
+mixed = {(pod_ns, pod): {"c": good}, ("default", "bad"): {"c": absurd}}
+# the batch as a Batch frame, plus a screening mark of its own (NodeBatch.screened) that would let
+# the absurd reading through if the parent's store believed it
+forged = msgspec.msgpack.encode(["batch", node, good, mixed, {}, now])
+out.write(HEADER.pack(len(forged)) + forged)
 out.write(frame(CycleEnd(now, 0.5, 1, [0.01, math.nan, -1.0] + [0.01] * 100000,
                          [("intruder", "timeout"), (node, "BAD LABEL {}")], {"x y": 5, "ok_reason": -3}, -1)))
 out.write(HEADER.pack(0xFFFFFFF0))
@@ -503,13 +508,19 @@ def test_frames_are_bounded_and_typed():
     with pytest.raises(FrameError):
         list(FrameReader(FromWorker, 1 << 20).feed(frame(Token("x"))))
     # split anywhere, frames come out whole and in order
-    msgs = [CycleStart(1.0), Batch(NodeBatch("n", ResourcePoint(1.0, 2.0, 3, 4))), CycleStart(2.0)]
+    msgs = [CycleStart(1.0), Batch.of(NodeBatch("n", ResourcePoint(1.0, 2.0, 3, 4))), CycleStart(2.0)]
     data = b"".join(frame(m) for m in msgs)
     reader = FrameReader(FromWorker, 1 << 20)
     got = []
     for i in range(len(data)):
         got += list(reader.feed(data[i : i + 1]))
     assert got == msgs and reader.buffered == 0
+    # only the readings and refusals go: a worker's screening mark and columns stay in the worker
+    sent = NodeBatch("n", ResourcePoint(1.0, 2.0, 3, 4), {("d", "p"): {"c": ResourcePoint(1.0, 2.0, 3, 4)}})
+    sent.screened = 5.0
+    (msg,) = FrameReader(FromWorker, 1 << 20).feed(frame(Batch.of(sent)))
+    got_batch = msg.node_batch()
+    assert got_batch == sent and got_batch.screened == 0.0 and got_batch.columns is None
     assert CycleEnd  # the summary type is exercised by the hostile worker above
 
 

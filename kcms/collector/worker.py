@@ -131,7 +131,7 @@ class Reporter:
         if self._out.get_write_buffer_size() > MAX_UNSENT_BYTES:
             self.dropped += 1  # the parent has not read for a long while; the next cycle brings it again
             return
-        self.send(Batch(batch))
+        self.send(Batch.of(batch))
 
 
 class WorkerCollector(Collector):

@@ -10,8 +10,12 @@ the inventory changes and :class:`Token` whenever the kubelet bearer token chang
 worker -> parent: :class:`CycleStart`, one :class:`Batch` per node as soon as it is decoded,
 :class:`CycleEnd` with the cycle's scrape results (for the parent's metrics).
 
-A batch is the :class:`~kcms.model.NodeBatch` itself: msgspec encodes and decodes the dataclasses
-directly, typed and checked, in C (``bench/scrape_ipc.py``: see its docstring for the figures).
+A batch is a :class:`~kcms.model.NodeBatch`'s readings and refusals as one array-like struct
+(:class:`Batch`), encoded and decoded by msgspec, typed and checked, in C (``bench/scrape_ipc.py``:
+see its docstring for the figures). Nothing else of it is sent: not its decoder's columns, and not
+its screening mark (``NodeBatch.screened``): a worker parses what kubelets send, so the parent's
+store screens its batches as any from a wire (a hostile worker's mark let a reading a day ahead
+through, when batches were sent as dataclasses with every field).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from kcms.model import NodeBatch
+from kcms.model import NodeBatch, PodKey, ResourcePoint
 
 HEADER = struct.Struct(">I")
 # A batch is bounded by the kubelet body it was decoded from (--kubelet-max-body-bytes, 10 MiB by
@@ -56,7 +60,19 @@ class Token(msgspec.Struct, array_like=True, tag="token"):
 
 
 class Batch(msgspec.Struct, array_like=True, tag="batch"):
-    batch: NodeBatch
+    """One node's scrape (:meth:`of` a worker's :class:`NodeBatch`, :meth:`node_batch` in the parent)."""
+
+    node: str
+    node_point: ResourcePoint | None
+    pods: dict[PodKey, dict[str, ResourcePoint]]
+    rejected: dict[str, int]
+
+    @classmethod
+    def of(cls, batch: NodeBatch) -> Batch:
+        return cls(batch.node, batch.node_point, batch.pods, batch.rejected)
+
+    def node_batch(self) -> NodeBatch:
+        return NodeBatch(self.node, self.node_point, self.pods, self.rejected)
 
 
 class CycleStart(msgspec.Struct, array_like=True, tag="start"):

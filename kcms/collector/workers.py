@@ -413,7 +413,7 @@ class ScrapeWorkers:
         try:
             for msg in w.reader.feed(data):
                 if type(msg) is Batch:
-                    self._batch(w, msg.batch)
+                    self._batch(w, msg.node_batch())
                 elif type(msg) is CycleStart:
                     w.last_cycle_started = self.last_cycle_started = time.monotonic()
                     LAST_CYCLE.set(time.time())

@@ -7,8 +7,10 @@ stays readable; see :class:`DecodeReuse` for what is kept and why it is safe.
 from __future__ import annotations
 
 from array import array
+from operator import itemgetter
 from typing import Any
 
+from kcms.model import PodKey, PodPlaces
 from kcms.sources.bounds import MAX_NAME_LENGTH
 from kcms.sources.decode_template import BodyTemplates
 
@@ -40,13 +42,16 @@ class DecodeReuse:
     parse is never used for another node's body.
     """
 
-    __slots__ = ("_current", "_previous", "max_nodes", "hits", "misses", "templates")
+    __slots__ = ("_current", "_previous", "_places", "_places_before", "max_nodes", "hits", "misses", "templates")
 
     def __init__(self, max_nodes: int = 16384, max_templates: int = 0) -> None:
         # node -> (timestamp length (0: the text as is), text without timestamps, lines, signature,
         # values, every name within MAX_NAME_LENGTH)
         self._current: dict[str, _Entry] = {}
         self._previous: dict[str, _Entry] = {}
+        # node -> where its pods lie among its readings (pod_places), in the same two generations
+        self._places: dict[str, PodPlaces] = {}
+        self._places_before: dict[str, PodPlaces] = {}
         self.max_nodes = max(1, max_nodes)
         self.hits = 0
         self.misses = 0
@@ -66,11 +71,15 @@ class DecodeReuse:
         """Forget the nodes not decoded since the previous call (nodes gone, or failing)."""
         self._previous = self._current
         self._current = {}
+        self._places_before = self._places
+        self._places = {}
         self.templates.new_cycle()
 
     def forget(self, node: str) -> None:
         self._current.pop(node, None)
         self._previous.pop(node, None)
+        self._places.pop(node, None)
+        self._places_before.pop(node, None)
         self.templates.forget(node)
 
     def lookup(self, node: str, block: str) -> tuple[Columns, bool] | None:
@@ -130,7 +139,53 @@ class DecodeReuse:
         names_ok = names_ok and max(map(len, cols[2]), default=0) <= MAX_NAME_LENGTH
         self._put(node, (stamp, text, n, cols[5], array("d", cols[3]), names_ok))
 
+    def places(
+        self, node: str, signature: str, namespaces: list[str], names: list[str], containers: list[str]
+    ) -> PodPlaces | None:
+        """:func:`pod_places` of these series, kept for ``node`` while they come with the same
+        ``signature`` object: a template's, or a reused start-time block's (see :meth:`lookup`).
+        Another object, even an equal one, makes them again from these names: a template's
+        names are one object per distinct name across nodes, and its places then hold those."""
+        places = self._places.get(node)
+        if places is None:
+            places = self._places_before.get(node)
+        if places is None or places.signature is not signature:
+            places = pod_places(signature, namespaces, names, containers)
+            if places is None:
+                return None
+        if len(self._places) >= self.max_nodes and node not in self._places:
+            self._places_before, self._places = self._places, {}
+        self._places[node] = places
+        return places
+
     def _put(self, node: str, entry: _Entry) -> None:
         if len(self._current) >= self.max_nodes and node not in self._current:
             self._previous, self._current = self._current, {}
         self._current[node] = entry
+
+
+def pod_places(
+    signature: str, namespaces: list[str], names: list[str], containers: list[str]
+) -> PodPlaces | None:
+    """Where each pod's containers lie when the series (one per container, in the body's order)
+    are taken pod by pod, pods in their first series' order and containers in theirs, as the
+    decoder's pods dict lists them; None when a container of a pod comes twice (the general path
+    counts the duplicate)."""
+    series: dict[PodKey, list[int]] = {}
+    for i, key in enumerate(zip(namespaces, names, strict=True)):
+        at = series.get(key)
+        if at is None:
+            series[key] = [i]
+        else:
+            at.append(i)
+    of: dict[PodKey, tuple[int, tuple[str, ...]]] = {}
+    order: list[int] = []
+    for key, at in series.items():
+        pod_containers = tuple(containers[i] for i in at)
+        if len(set(pod_containers)) != len(at):
+            return None
+        of[key] = (len(order), pod_containers)
+        order.extend(at)
+    if len(order) == 1:
+        return PodPlaces(signature, of, lambda seq: (seq[0],))
+    return PodPlaces(signature, of, itemgetter(*order) if order else lambda seq: ())

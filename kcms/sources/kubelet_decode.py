@@ -35,54 +35,49 @@ family as one contiguous block of lines with labels sorted (container, namespace
 Each container family's block is found with ``str.find``/``rfind`` and decoded all at once with C-level
 string operations (one ``split('"')`` of the block, slicing, ``map(float, ...)``), checked strictly, and
 kept as columns; when the three families list the same series in the same order (the usual case) the
-points are assembled by position. Any block that is not exactly in that layout (escapes, other label order,
-a bad value, a duplicate, ...) is read line by line with the strict general parser
-(:func:`kcms.sources.promtext.parse_sample_line`), which gives the same result for good lines and the
-per-sample rejections for bad ones (a property test checks both paths agree on mutated bodies).
-``pod_*`` blocks are skipped as a whole. The bounds are checked a column at a time on that path (maxima
-and minima of the columns; point by point with :func:`kcms.sources.bounds.screen_batch` only if one is off).
+points are assembled by position: where each pod's containers lie is worked out once for a node's series
+(:class:`kcms.model.PodPlaces`, kept by :class:`DecodeReuse`) and the batch's pod dicts are made only if
+read (the store's usual path reads the columns: 243 -> 211 us a template decode in a loop). Any block that
+is not exactly in that layout (escapes, other label order, a bad value, a duplicate, ...) is read line by
+line with the strict general parser (:func:`kcms.sources.promtext.parse_sample_line`), which gives the
+same result for good lines and the per-sample rejections for bad ones (a property test checks both paths
+agree on mutated bodies). ``pod_*`` blocks are skipped as a whole. The bounds are checked a column at a
+time on that path (maxima and minima of the columns; point by point with
+:func:`kcms.sources.bounds.screen_batch` only if one is off).
 
 Across scrapes (:class:`DecodeReuse`, one per ``KubeletClient``): a node's ``container_start_time_seconds``
 block that is the same text as at its last scrape (or the same but for one timestamp common to all its
 lines) is not parsed again; its previous parse is used, with the same result. Bounded, per node, forgotten
 when the node is not scraped for a whole cycle.
 
-Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 128 nodes): a node's body that
-is its last clean body with other numbers in the same places is checked against that template in C,
-on the bytes as received, before any UTF-8 decoding (``bytes.split``, one tuple hash), and only its
-numbers are converted; the batch is then assembled and screened exactly as for a full decode
-(:func:`_from_template`). Anything else is decoded in full. ``bench/scrape_cpu.py`` (simulator
-bodies, 50 nodes): decode 209-217 -> 160-164 us a body (23 Nov); checked as bytes instead of text,
-265-279 -> 227-244 us (26 Nov, a slower machine).
+Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 128 nodes): a node's body that is
+its last clean body with other numbers in the same places is checked against that template in C, on the
+bytes as received, before any UTF-8 decoding (``bytes.split``, one tuple hash), and only its numbers are
+converted; the batch is then assembled
+and screened exactly as for a full decode (:func:`_from_template`). Anything else is decoded in full.
+``bench/scrape_cpu.py`` (simulator bodies, 50 nodes): decode 209-217 -> 160-164 us a body (23 Nov);
+checked as bytes instead of text, 265-279 -> 227-244 us (26 Nov, a slower machine).
 
 A batch made here carries the future limit it was screened against (``NodeBatch.screened``), so that
 the store does not screen it again (~40 us a node of 60 containers).
 
-Measured with ``python bench/decode.py`` (2-core shared development machine, Python 3.11; body of 30 pods x
-2 containers, 259 lines, 243 samples, as the kubelet writes it; best of several runs):
-
-* with timestamps: 155-165 us/body, ~0.6 us/line, ~1.5 M samples/s; prometheus_client's
-  ``text_string_to_metric_families`` on the same text: ~3200 us (about 20x slower)
-* without timestamps: 132-137 us/body, ~0.52 us/line; prometheus_client ~3050 us (about 22x slower)
-* ``/stats/summary`` of the same size (50 kB JSON): ~144 us/body, of which ``orjson.loads`` ~92 us
-
-A plain line-by-line parser costs ~0.85 us per container line here (~250 us/body). With the start-time
-block reused (the collector's case, ``bench/decode.py``'s last figure): ~125-135 us/body with timestamps,
-~125 without.
+``python bench/decode.py`` (30 pods x 2 containers, 259 lines, best of several runs, 2 shared cores):
+155-165 us a body with timestamps, 132-137 without (prometheus_client's parser: ~3200 / ~3050 us);
+``/stats/summary`` of the same size ~144 us; a plain line-by-line parser ~250 us.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from itertools import chain, repeat
+from itertools import repeat
 from operator import mul, sub, truediv
 from typing import Any
 
 from kcms import limits
 from kcms.model import ContainerColumns, DecodeError, NodeBatch, ResourcePoint
 from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, screen_batch, screen_node_point
-from kcms.sources.decode_reuse import DecodeReuse
+from kcms.sources.decode_reuse import DecodeReuse, pod_places
 from kcms.sources.decode_template import Template, build
 from kcms.sources.exposition import utf8_lines
 from kcms.sources.kubelet_blocks import CPU_FAMILY as _CPU
@@ -133,9 +128,11 @@ class _Acc:
         "start_block",
         "names_checked",
         "container_columns",
+        "node",
+        "reuse",
     )
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, node: str = "", reuse: DecodeReuse | None = None) -> None:
         # family -> (namespace, pod, container) -> cpu (core-ns, timestamp) | memory bytes | start time
         self.tables: dict[str, dict[tuple[str, str, str], Any]] = {f: {} for f in _FAMILIES}
         # family -> a block decoded by the fast path, not yet turned into a table
@@ -154,6 +151,9 @@ class _Acc:
         self.names_checked = False
         # the columns every container of the batch was built from (_assemble_aligned), if so
         self.container_columns: ContainerColumns | None = None
+        # the node and its DecodeReuse, which keeps where its pods lie (PodPlaces) across scrapes
+        self.node = node
+        self.reuse = reuse
 
     def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
         """The family's table, with any fast-path columns merged in (first occurrence wins)."""
@@ -277,7 +277,7 @@ def decode_resource_metrics(
         # the body's bytes against the node's template, before any decoding (decode_template.py)
         template = reuse.templates.get(node)
         if template is not None:
-            batch = _from_template(node, body, now_, template)
+            batch = _from_template(node, body, now_, template, reuse)
             if batch is not None:
                 reuse.templates.hits += 1
                 template.uses += 1
@@ -297,7 +297,7 @@ def decode_resource_metrics(
         text = text.replace("\r\n", "\n")
     if not text or text.isspace():
         raise DecodeError("malformed", f"kubelet response from {node} is empty")
-    acc = _Acc(now_)
+    acc = _Acc(now_, node, reuse)
     acc.malformed = not_utf8
 
     spans = []
@@ -312,7 +312,7 @@ def decode_resource_metrics(
     for s, e, fam in spans:
         if s < pos:
             # interleaved families (not valid exposition): no fast path at all
-            acc = _Acc(acc.now)
+            acc = _Acc(acc.now, node, reuse)
             acc.malformed = not_utf8
             _slow_lines(text, acc)
             break
@@ -361,7 +361,7 @@ def decode_resource_metrics(
 _ZERO = ord("0")
 
 
-def _from_template(node: str, body: bytes, now: float, t: Template) -> NodeBatch | None:
+def _from_template(node: str, body: bytes, now: float, t: Template, reuse: DecodeReuse) -> NodeBatch | None:
     """The batch of ``body`` if it is ``t``'s body with other valid numbers (None: decode it in
     full); built by :func:`_assemble` from the template's columns, as a full decode builds it
     from the fast path's (see kcms/sources/decode_template.py). The numbers are bytes here:
@@ -404,7 +404,7 @@ def _from_template(node: str, body: bytes, now: float, t: Template) -> NodeBatch
     times: list[float] = (
         list(map(truediv, map(float, vt[n : 2 * n]), repeat(1000.0))) if t.stamped else [now] * n
     )
-    acc = _Acc(now)
+    acc = _Acc(now, node, reuse)
     sig = t.signature
     acc.columns = {
         _CPU: (t.namespaces, t.pods, t.containers, cpu_ns, times, sig),
@@ -424,11 +424,12 @@ def _from_template(node: str, body: bytes, now: float, t: Template) -> NodeBatch
     return _assemble(node, acc)
 
 
-def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourcePoint]]) -> Columns | None:
+def _assemble_aligned(acc: _Acc, batch: NodeBatch) -> Columns | None:
     """Build the pods when the three families list the same series in the same order (the usual case).
 
-    Returns the CPU columns the pods were built from (for :func:`_screened_aligned`), or None (and no pod)
-    when the general path must do it.
+    Returns the CPU columns the pods were built from (for :func:`_screened_aligned`), or None (and no
+    pod) when the general path must do it. With no zero value, the batch gets the columns
+    (``acc.container_columns``) and its pods are made from them only when read (:class:`PodPlaces`).
     """
     cols = acc.columns
     if len(cols) != 3 or any(acc.tables.values()):
@@ -437,22 +438,26 @@ def _assemble_aligned(acc: _Acc, pods: dict[tuple[str, str], dict[str, ResourceP
     namespaces, names, containers, cpu_ns, times, signature = cpu
     if signature != mem[5] or signature != start[5]:
         return None
-    memory = mem[3]
-    points = list(map(ResourcePoint, start[3], times, cpu_ns, memory))
-    for pk, c, point in zip(zip(namespaces, names, strict=True), containers, points, strict=True):
-        cs = pods.get(pk)
-        if cs is None:
-            pods[pk] = {c: point}
-        else:
-            cs[c] = point
-    if sum(map(len, pods.values())) != len(points):
-        pods.clear()
+    reuse = acc.reuse
+    places = (
+        pod_places(signature, namespaces, names, containers)
+        if reuse is None
+        else reuse.places(acc.node, start[5], namespaces, names, containers)  # see places()
+    )
+    if places is None:
         return None  # a duplicate series: let the general path count it
+    memory = mem[3]
+    # in pods' order: pod by pod, container by container
+    readings = list(places.in_pod_order(list(map(ResourcePoint, start[3], times, cpu_ns, memory))))
+    columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings, places)
     if not (0 in cpu_ns or 0 in memory):
-        # every series became one container of ``pods``: what the store compares a column at a time
-        readings = list(chain.from_iterable(map(dict.values, pods.values())))  # in pods' order
-        acc.container_columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings)
+        # every series is one container of the batch's pods: what the store compares a column at a time
+        acc.container_columns = columns
+        batch.columns = columns
+        batch.pods = None  # type: ignore[assignment]  # made from the columns when read
     else:
+        pods = batch.pods
+        pods.update(columns.pods())
         zero_pods = {
             pk
             for pk, n, m in zip(zip(namespaces, names, strict=True), cpu_ns, memory, strict=True)
@@ -514,9 +519,9 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
     elif node_cpu is not None or node_mem is not None:
         _bump(rejected, "incomplete_node")
 
-    pods = batch.pods
-    aligned = _assemble_aligned(acc, pods)
+    aligned = _assemble_aligned(acc, batch)
     if aligned is None:
+        pods = batch.pods
         cpu, mem, start = acc.table(_CPU), acc.table(_MEM), acc.table(_START)
         zero_pods: set[tuple[str, str]] = set()
         incomplete = 0
@@ -546,14 +551,13 @@ def _assemble(node: str, acc: _Acc) -> NodeBatch:
     latest = limits.future_limit(max(time.time(), acc.now))
     counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked)
     if counts is None:
+        batch.columns = None  # columns only for a batch whose every container is kept
         counts = screen_batch(batch, latest)
-    elif acc.container_columns is not None:
-        batch.columns = acc.container_columns  # every container kept (only the node point screened)
     for reason, n in counts.items():
         _bump(rejected, reason, n)
     batch.screened = latest
     if acc.scrape_error is not None and acc.scrape_error != 0:
-        if batch.node_point is None and not pods:
+        if batch.node_point is None and not batch.pods:
             raise DecodeError(
                 "kubelet_error", f"kubelet on {node} reported an error getting resource metrics"
             )

@@ -11,7 +11,8 @@ Every batch is screened on the way in (:func:`kcms.sources.bounds.screen_batch`:
 than ``--max-future-skew`` ahead, negative, non-finite or absurd, or with an oversized name, is
 refused, its pod with it), whoever wrote it: a collector, a node push, a peer's copy (a batch a
 kubelet decoder of this process has just screened against the same or an earlier limit, as its
-``screened`` field says, is not looked at twice; a batch read from any wire is). A pair of
+``screened`` field says, is not looked at twice; a batch read from any wire, a scrape worker's
+included, is). A pair of
 readings whose rate would be over :data:`kcms.sources.bounds.MAX_CPU_CORES` cores gives no rate
 (``absurd_rate``), and a counter that went down within one container start is a new base, never a
 negative rate (``counter_backwards``). All are counted in ``kcms_store_refused_readings_total{reason}``.
@@ -43,7 +44,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import repeat
 from operator import le, mul, sub
 from typing import TYPE_CHECKING, TypeVar
 
@@ -164,7 +165,7 @@ class _NodeEntry:
     received: float  # monotonic time the newest scrape of this node was stored
     last: ResourcePoint | None = None
     prev: ResourcePoint | None = None
-    # pod -> container -> (last, previous); None while ``fresh`` and ``before`` hold them (_pairs())
+    # pod -> container -> (last, previous); None while ``columns`` and ``before`` hold them (_pairs())
     pods: dict[PodKey, dict[str, _Pair]] | None = field(default_factory=dict)
     # Pod usages computed since the last store() of this node: a list of all pods computes each
     # pod's usage once per scrape, not once per request.
@@ -174,33 +175,37 @@ class _NodeEntry:
     columns: ContainerColumns | None = None  # the newest scrape's, when every container came from them
     layout: object = None  # the same object while the node's series stay the same (for the history)
     moves: int = 0  # the store's count of pods moved between nodes when these pods were claimed
-    fresh: dict[PodKey, dict[str, ResourcePoint]] | None = None  # newest readings, while pods is None
-    # the readings before them, in ``fresh``'s order: pod by pod, container by container (only the
-    # points: the previous batch's dicts would keep that decode's name strings alive too)
+    # the readings before ``columns.readings``, in the same order (pod by pod, container by
+    # container; only the points: the previous batch's dicts would keep its name strings alive)
     before: list[ResourcePoint] | None = None
 
 
-def _with_before(last: dict[str, ResourcePoint], older: Iterable[ResourcePoint]) -> Iterable[tuple[str, _Pair]]:
-    """A pod's ``(container, (last reading, reading before))`` from its newest readings and, in
-    the same order, the ones before (as many, by construction: not checked, it runs per pod read)."""
-    return zip(last, zip(last.values(), older, strict=False), strict=False)
+def _placed(
+    names: tuple[str, ...], at: int, last: list[ResourcePoint], before: list[ResourcePoint]
+) -> Iterable[tuple[str, _Pair]]:
+    """A pod's ``(container, (last reading, reading before))`` from where its readings lie in both
+    scrapes' lists (:class:`kcms.model.PodPlaces`)."""
+    end = at + len(names)
+    return zip(names, zip(last[at:end], before[at:end], strict=True), strict=True)
 
 
 def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
-    """``entry``'s pairs of readings, made (and kept) from ``fresh`` and ``before`` after a column
-    store (the two batches were made from the same series in the same order, so their dicts list
-    the containers in the same order). For writes and copies only; reads use :func:`_pod_readings`
-    and :meth:`ResourceStore.node_pod_rates`, which keep nothing: making and keeping every pod's
-    pairs at the first read after a cycle took ~300 ms at 90 000 pods, where the loop had made
-    them scrape by scrape."""
+    """``entry``'s pairs of readings, made (and kept) from ``columns`` and ``before`` after a
+    column store (both scrapes had the same series in the same order). For writes and copies
+    only; reads use :func:`_pod_readings` and :meth:`ResourceStore.node_pod_rates`, which keep
+    nothing: making and keeping every pod's pairs at the first read after a cycle took ~300 ms at
+    90 000 pods, where the loop had made them scrape by scrape."""
     pods = entry.pods
     if pods is None:
-        fresh, before = entry.fresh, entry.before
-        assert fresh is not None and before is not None
-        older = iter(before)
-        pods = {key: dict(_with_before(last, islice(older, len(last)))) for key, last in fresh.items()}
+        columns, before = entry.columns, entry.before
+        assert columns is not None and before is not None
+        last = columns.readings
+        pods = {
+            key: dict(_placed(names, at, last, before))
+            for key, (at, names) in columns.places.of.items()
+        }
         entry.pods = pods
-        entry.fresh = entry.before = None
+        entry.before = None
     return pods
 
 
@@ -210,14 +215,12 @@ def _pod_readings(entry: _NodeEntry, key: PodKey) -> Iterable[tuple[str, _Pair]]
     if entry.pods is not None:
         pairs = entry.pods.get(key)
         return () if pairs is None else pairs.items()
-    fresh, before = entry.fresh, entry.before
-    assert fresh is not None and before is not None
-    last = fresh.get(key)
-    if last is None:
+    columns, before = entry.columns, entry.before
+    assert columns is not None and before is not None
+    place = columns.places.of.get(key)
+    if place is None:
         return ()
-    # where the pod's readings start in ``before``: after those of the pods listed before it
-    start = sum(map(len, islice(fresh.values(), list(fresh).index(key))))
-    return _with_before(last, before[start : start + len(last)])
+    return _placed(place[1], place[0], columns.readings, before)
 
 
 def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
@@ -393,9 +396,8 @@ class ResourceStore:
             and all(map(le, deltas, map(mul, repeat(MAX_NANOCORES), spans)))  # as the loop's check
         ):
             return False
-        entry.before = old.readings  # the last readings, as ``batch.pods`` lists its containers
-        entry.fresh = batch.pods
-        entry.pods = None
+        entry.before = old.readings  # the last readings, in the same order as the new ones
+        entry.pods = None  # ``batch.pods`` is not made: reads find a pod by columns.places
         entry.columns = columns
         entry.usage = {}
         entry.points = 2 * len(spans) + (entry.last is not None) + (entry.prev is not None)
@@ -423,7 +425,8 @@ class ResourceStore:
         entry = self._nodes.pop(node, None)
         if entry is None:
             return
-        for key in entry.pods if entry.pods is not None else entry.fresh or ():
+        pods = entry.pods if entry.pods is not None else entry.columns.places.of if entry.columns else ()
+        for key in pods:
             if self._pod_node.get(key) == node:
                 del self._pod_node[key]
 
@@ -526,15 +529,13 @@ class ResourceStore:
                 for key, pairs in entry.pods.items()
                 if owner.get(key) == node
             ]
-        fresh, before = entry.fresh, entry.before
-        assert fresh is not None and before is not None
+        columns, before = entry.columns, entry.before
+        assert columns is not None and before is not None
+        last = columns.readings
         out = []
-        start = 0  # the pod's readings before, in ``before``
-        for key, last in fresh.items():
-            end = start + len(last)
+        for key, (at, names) in columns.places.of.items():
             if owner.get(key) == node:
-                out.append((key, pod_rates(_with_before(last, before[start:end]), container, pod)))
-            start = end
+                out.append((key, pod_rates(_placed(names, at, last, before), container, pod)))
         return out
 
     def node_names(self) -> list[str]:
