@@ -117,6 +117,40 @@ def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_in
     assert outcome("n", base, reuse) == outcome("n", base)
 
 
+_VALUE_FORMATS = ["{!r}", "{:.6f}", "{:.7e}", "{:.9e}", "{:.17g}", "{:.0f}", "{:.3f}"]
+_READ_FROM_TEMPLATE = (b"container_cpu_usage_seconds_total", b"container_memory_working_set_bytes",
+                       b"node_cpu_usage_seconds_total", b"node_memory_working_set_bytes")  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(range(len(BASES))),
+    st.lists(st.floats(min_value=0.0, max_value=1e7, allow_nan=False, allow_infinity=False), min_size=1),
+    st.sampled_from(_VALUE_FORMATS),
+)
+def test_ordinary_values_read_from_the_template_round_as_the_full_decoder(base_index, values, fmt) -> None:
+    """The template path reads a body's numbers in one call (msgspec's JSON number reader, not
+    float() token by token): every finite value, as the kubelet and exporters print them, must come
+    out exactly as the full decoder reads it, and the body must really be read from the template."""
+    base = BASES[base_index]
+    reuse = DecodeReuse(max_templates=4)
+    outcome("n", base, reuse)
+    outcome("n", base, reuse)  # the template is made now
+    count = [0]
+
+    def value(m: re.Match[bytes]) -> bytes:
+        if not m.group(1).startswith(_READ_FROM_TEMPLATE):
+            return m.group(0)  # start times and the error gauge are part of the template
+        count[0] += 1
+        stamp = b"" if m.group(3) is None else b" " + m.group(3)
+        return m.group(1) + b" " + fmt.format(values[count[0] % len(values)]).encode() + stamp
+
+    body = _NUMBERS.sub(value, base)
+    hits = reuse.templates.hits
+    assert outcome("n", body, reuse) == outcome("n", body)
+    assert reuse.templates.hits == hits + 1  # read from the template, not decoded in full
+
+
 def test_bytes_that_are_not_text_in_any_numbers_place_decode_as_without_template() -> None:
     """The template is checked on the body's bytes, before any UTF-8 decoding: a byte that is not
     UTF-8 text, or a carriage return, in any one numbers' place (those of families the decoder

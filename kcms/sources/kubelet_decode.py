@@ -53,7 +53,8 @@ when the node is not scraped for a whole cycle.
 Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 128 nodes): a node's body that is
 its last clean body with other numbers in the same places is checked against that template in C, on the
 bytes as received, before any UTF-8 decoding (``bytes.split``, one tuple hash), and only its numbers are
-converted; the batch is then assembled
+converted, all in one call of msgspec's JSON number reader, which rounds as ``float()`` does (211 -> 179
+us; a token outside JSON's number syntax sends them all through ``float()``); the batch is then assembled
 and screened exactly as for a full decode (:func:`_from_template`). Anything else is decoded in full.
 ``bench/scrape_cpu.py`` (simulator bodies, 50 nodes): decode 209-217 -> 160-164 us a body (23 Nov);
 checked as bytes instead of text, 265-279 -> 227-244 us (26 Nov, a slower machine).
@@ -73,6 +74,8 @@ import time
 from itertools import repeat
 from operator import mul, sub, truediv
 from typing import Any
+
+import msgspec
 
 from kcms import limits
 from kcms.model import ContainerColumns, DecodeError, NodeBatch, ResourcePoint
@@ -359,6 +362,7 @@ def decode_resource_metrics(
 
 
 _ZERO = ord("0")
+_JSON_FLOATS = msgspec.json.Decoder(list[float])
 
 
 def _from_template(node: str, body: bytes, now: float, t: Template, reuse: DecodeReuse) -> NodeBatch | None:
@@ -385,11 +389,22 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
     if tss and (not b"".join(tss).isdigit() or max(map(len, tss)) > 18 or min(tss)[0] == _ZERO):
         return None
     try:
-        cpu = list(map(float, cv))
-        mem = list(map(float, mv))
-        node_values = list(map(float, rest[::2] if t.node_stamped else rest))
-    except ValueError:
-        return None
+        # every token at once, in C (~15 us against ~45 for float() token by token, 60 containers)
+        values: list[float] | None = _JSON_FLOATS.decode(b"[" + b",".join(vt) + b"]")
+    except msgspec.DecodeError:
+        values = None  # not all JSON numbers ("1.", "+1", out of range): float() reads them below
+    if values is not None:
+        # msgspec rounds as float() does; it reads "-0" as 0.0, which every use below rounds alike
+        cpu = values[:n]
+        mem = values[2 * n : 3 * n] if t.stamped else values[n : 2 * n]
+        node_values = values[len(vt) - len(rest) :: 2 if t.node_stamped else 1]
+    else:
+        try:
+            cpu = list(map(float, cv))
+            mem = list(map(float, mv))
+            node_values = list(map(float, rest[::2] if t.node_stamped else rest))
+        except ValueError:
+            return None
     if not (0.0 <= min(cpu) and max(cpu) < math.inf and 0.0 <= min(mem) and max(mem) < math.inf):
         return None  # also false for NaN
     if node_values and not (0.0 <= min(node_values) and max(node_values) < math.inf):
@@ -401,9 +416,12 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
             cpu_ns = _seconds_to_ns_each(list(cv), cpu)
     else:
         cpu_ns = _seconds_to_ns_each(list(cv), cpu)
-    times: list[float] = (
-        list(map(truediv, map(float, vt[n : 2 * n]), repeat(1000.0))) if t.stamped else [now] * n
-    )
+    if not t.stamped:
+        times = [now] * n
+    elif values is not None:
+        times = list(map(truediv, values[n : 2 * n], repeat(1000.0)))
+    else:
+        times = list(map(truediv, map(float, vt[n : 2 * n]), repeat(1000.0)))
     acc = _Acc(now, node, reuse)
     sig = t.signature
     acc.columns = {
