@@ -40,7 +40,7 @@ class PodPlaces(NamedTuple):
     (:mod:`kcms.sources.decode_reuse`), so a scrape of the same series makes no pod dicts at all:
     the store reads a pod's readings by position, and ``NodeBatch.pods`` is made only when asked
     for. Building those dicts container by container was the largest Python loop of a decode
-    (~15 us of ~240 for 60 containers, in a tight loop).
+    (a template decode of 60 containers, in a tight loop: 243 us with it, 211 without).
     """
 
     signature: str

@@ -36,6 +36,10 @@ class DecodeReuse:
     random sequences of bodies). Comparing costs ~0.3 us (same text) to ~5 us (a new timestamp), the
     parse it saves ~35 us.
 
+    It also keeps, per node, where each pod's containers lie among the readings
+    (:class:`kcms.model.PodPlaces`, :meth:`places`), so that a batch of the same series makes no
+    pod dicts (~4 kB a node of 30 pods, shared with the store, which then keeps none of its own).
+
     Bounded: entries live in two generations; :meth:`new_cycle` (the collector calls it once a
     cycle, via ``KubeletClient.start_cycle``) drops nodes not decoded during the last whole cycle,
     and a generation that reaches ``max_nodes`` rotates by itself. Keyed by node name: one node's
