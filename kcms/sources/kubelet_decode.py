@@ -130,7 +130,6 @@ class _Acc:
         "now",
         "start_block",
         "names_checked",
-        "container_columns",
         "node",
         "reuse",
     )
@@ -152,8 +151,6 @@ class _Acc:
         self.start_block: str | None = None
         # the reused start-time block's names are all within MAX_NAME_LENGTH (checked when remembered)
         self.names_checked = False
-        # the columns every container of the batch was built from (_assemble_aligned), if so
-        self.container_columns: ContainerColumns | None = None
         # the node and its DecodeReuse, which keeps where its pods lie (PodPlaces) across scrapes
         self.node = node
         self.reuse = reuse
@@ -447,7 +444,7 @@ def _assemble_aligned(acc: _Acc, batch: NodeBatch) -> Columns | None:
 
     Returns the CPU columns the pods were built from (for :func:`_screened_aligned`), or None (and no
     pod) when the general path must do it. With no zero value, the batch gets the columns
-    (``acc.container_columns``) and its pods are made from them only when read (:class:`PodPlaces`).
+    (``NodeBatch.columns``) and its pods are made from them only when read (:class:`kcms.model.PodPlaces`).
     """
     cols = acc.columns
     if len(cols) != 3 or any(acc.tables.values()):
@@ -470,7 +467,6 @@ def _assemble_aligned(acc: _Acc, batch: NodeBatch) -> Columns | None:
     columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings, places)
     if not (0 in cpu_ns or 0 in memory):
         # every series is one container of the batch's pods: what the store compares a column at a time
-        acc.container_columns = columns
         batch.columns = columns
         batch.pods = None  # type: ignore[assignment]  # made from the columns when read
     else:
