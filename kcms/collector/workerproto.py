@@ -14,7 +14,7 @@ A batch is a :class:`~kcms.model.NodeBatch`'s readings and refusals as one array
 (:class:`Batch`), encoded and decoded by msgspec, typed and checked, in C (``bench/scrape_ipc.py``:
 see its docstring for the figures). Nothing else of it is sent: not its decoder's columns, and not
 its screening mark (``NodeBatch.screened``): a worker parses what kubelets send, so the parent's
-store screens its batches as any from a wire (a hostile worker's mark let a reading a day ahead
+store screens its batches as any from a wire (a hostile worker's mark let a reading days ahead
 through, when batches were sent as dataclasses with every field).
 """
 
