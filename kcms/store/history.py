@@ -51,10 +51,10 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from operator import itemgetter, truediv
+from operator import truediv
 from typing import Any
 
-from kcms.model import ContainerColumns, PodKey, ResourcePoint
+from kcms.model import ContainerColumns, PodKey, PodPlaces, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
 
 # Per container of a pod: (last reading, previous reading usable for a rate, or None)
@@ -80,19 +80,13 @@ def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     return int(rate)
 
 
-def _layout(signature: str, kept: dict[PodKey, tuple[tuple[str, ...], bytearray]]) -> _Layout:
-    """How :meth:`HistoryStore.record_columns` writes a decoder's columns into ``kept``: a getter
-    that puts the series in pod order (pods in order of first appearance, as the decoder built them),
-    each pod's record, and its number of series. ``signature`` (``ContainerColumns.signature``)
-    names each series' container, namespace and pod, joined by '"', which no name holds. Holds no
-    name of its own (new strings per node would cost ~8 kB a node)."""
-    parts = signature.split('"')
-    by_pod: dict[PodKey, list[int]] = {}
-    for i, key in enumerate(zip(parts[1::3], parts[2::3], strict=True)):
-        by_pod.setdefault(key, []).append(i)
-    order = [i for index in by_pod.values() for i in index]
-    getter = itemgetter(*order) if len(order) > 1 else lambda values: (values[order[0]],)
-    return getter, [kept[key][1] for key in by_pod], [len(index) for index in by_pod.values()]
+def _layout(places: PodPlaces, kept: dict[PodKey, tuple[tuple[str, ...], bytearray]]) -> _Layout:
+    """How :meth:`HistoryStore.record_columns` writes a decoder's columns into ``kept``: the getter
+    that puts the series in pod order (the decoder's, ``ContainerColumns.places``), each pod's
+    record, and its number of series. Holds no name of its own (new strings per node would cost
+    ~8 kB a node)."""
+    of = places.of
+    return places.in_pod_order, [kept[key][1] for key in of], [len(names) for _, names in of.values()]
 
 
 # _layout(): series in pod order, each pod's record, its number of series
@@ -225,7 +219,7 @@ class HistoryStore:
         if slot is None:
             return True  # no new point, as record()
         if h.series is None:
-            h.series = _layout(columns.signature, h.pods)
+            h.series = _layout(columns.places, h.pods)
         in_pod_order, records, sizes = h.series
         cap = self.capacity
         cpu = in_pod_order(list(map(int, rates)))
