@@ -22,9 +22,11 @@ REASONS = ("counter_backwards", "absurd_rate", "future_timestamp")
 Series = dict[tuple[str, str], dict[str, list[float]]]
 
 
-def render(series: Series, ts: float, node_cpu: float) -> bytes:
-    """A kubelet /metrics/resource body in the kubelet's layout (series sorted by labels)."""
+def render(series: Series, ts: float, node_cpu: float, node_ts: float | None = None) -> bytes:
+    """A kubelet /metrics/resource body in the kubelet's layout (series sorted by labels); the node
+    lines are stamped ``node_ts`` (default ``ts``)."""
     ms = int(ts * 1000)
+    node_ms = ms if node_ts is None else int(node_ts * 1000)
     rows = sorted((c, ns, pod, v) for (ns, pod), cs in series.items() for c, v in cs.items())
     out = []
     families = (
@@ -37,9 +39,9 @@ def render(series: Series, ts: float, node_cpu: float) -> bytes:
         for c, ns, pod, v in rows:
             out.append(f'{fam}{{container="{c}",namespace="{ns}",pod="{pod}"}} {value(v)} {ms}\n')
     out.append(f"# HELP node_cpu_usage_seconds_total x\n# TYPE node_cpu_usage_seconds_total counter\n"
-               f"node_cpu_usage_seconds_total {node_cpu!r} {ms}\n")  # fmt: skip
+               f"node_cpu_usage_seconds_total {node_cpu!r} {node_ms}\n")  # fmt: skip
     out.append(f"# HELP node_memory_working_set_bytes x\n# TYPE node_memory_working_set_bytes gauge\n"
-               f"node_memory_working_set_bytes 1.5e+09 {ms}\n")  # fmt: skip
+               f"node_memory_working_set_bytes 1.5e+09 {node_ms}\n")  # fmt: skip
     out.append("# HELP resource_scrape_error x\n# TYPE resource_scrape_error gauge\nresource_scrape_error 0\n")
     return "".join(out).encode()
 
@@ -113,6 +115,23 @@ def initial() -> dict[str, Series]:
         }
         for node in ("n1", "n2")
     }
+
+
+def test_newest_of_a_node_stored_by_columns_is_its_newest_container_reading():
+    """The newest reading of a node stored a column at a time is read from the columns (its
+    containers may be newer than its node point), without making its pairs."""
+    a, b = stores()
+    reuse = DecodeReuse()
+    series = initial()["n1"]
+    for k in range(3):
+        for cs in series.values():
+            for v in cs.values():
+                v[1] += 2.5
+        ts = BASE + 15.0 * k
+        store_both(a, b, "n1", render(series, ts, 1000.0 + 20 * k, node_ts=ts - 5.0), reuse)
+    assert a._nodes["n1"].pods is None  # stored by columns
+    assert a.newest("n1") == b.newest("n1") == int((BASE + 30.0) * 1000) / 1000.0
+    assert a._nodes["n1"].pods is None  # and still no pairs made
 
 
 def test_plain_scrapes_take_the_column_path_and_read_the_same():

@@ -261,7 +261,10 @@ def _usage(last: ResourcePoint, prev: ResourcePoint) -> Usage | None:
 
 def _newest(entry: _NodeEntry) -> float:
     newest = entry.last.timestamp if entry.last is not None else 0.0
-    for pairs in _pairs(entry).values():
+    if entry.pods is None:  # stored a column at a time: the newest readings' times, no pairs made
+        assert entry.columns is not None
+        return max(newest, *entry.columns.times)
+    for pairs in entry.pods.values():
         for last, _ in pairs.values():
             if last.timestamp > newest:
                 newest = last.timestamp
