@@ -428,8 +428,13 @@ class ResourceStore:
         entry = self._nodes.pop(node, None)
         if entry is None:
             return
-        pods = entry.pods if entry.pods is not None else entry.columns.places.of if entry.columns else ()
-        for key in pods:
+        keys: Iterable[PodKey]
+        if entry.pods is not None:
+            keys = entry.pods
+        else:  # stored a column at a time
+            assert entry.columns is not None
+            keys = entry.columns.places.of
+        for key in keys:
             if self._pod_node.get(key) == node:
                 del self._pod_node[key]
 
