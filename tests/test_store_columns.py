@@ -5,6 +5,7 @@ is what storing it container by container gives."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -117,16 +118,22 @@ def initial() -> dict[str, Series]:
     }
 
 
+def plain_scrapes(count: int) -> Iterator[tuple[int, Series]]:
+    """Node n1's series ``count`` times, every container's CPU 2.5 s further on each time."""
+    series = initial()["n1"]
+    for k in range(count):
+        for cs in series.values():
+            for v in cs.values():
+                v[1] += 2.5
+        yield k, series
+
+
 def test_newest_of_a_node_stored_by_columns_is_its_newest_container_reading():
     """The newest reading of a node stored a column at a time is read from the columns (its
     containers may be newer than its node point), without making its pairs."""
     a, b = stores()
     reuse = DecodeReuse()
-    series = initial()["n1"]
-    for k in range(3):
-        for cs in series.values():
-            for v in cs.values():
-                v[1] += 2.5
+    for k, series in plain_scrapes(3):
         ts = BASE + 15.0 * k
         store_both(a, b, "n1", render(series, ts, 1000.0 + 20 * k, node_ts=ts - 5.0), reuse)
     assert a._nodes["n1"].pods is None  # stored by columns
@@ -139,11 +146,7 @@ def test_plain_scrapes_take_the_column_path_and_read_the_same():
     on the first read), and give exactly what the loop gives."""
     a, b = stores()
     reuse = DecodeReuse()
-    series = initial()["n1"]
-    for k in range(6):
-        for cs in series.values():
-            for v in cs.values():
-                v[1] += 2.5
+    for k, series in plain_scrapes(6):
         batch = store_both(a, b, "n1", render(series, BASE + 15.0 * k, 1000.0 + 20 * k), reuse)
         assert batch.columns is not None
         if k >= 1:
