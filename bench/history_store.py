@@ -134,7 +134,7 @@ def main() -> int:
     assert history is not None
     gc.collect()
     gc.collect()
-    ids = {id(rec) for h in history._nodes.values() for rec in h.pods.values()}
+    ids = {id(x) for h in history._nodes.values() for x in (h.data, *h.pods.values())}
     tracked_pods = sum(1 for o in gc.get_objects() if id(o) in ids)
     nodes, pods, slots = history.stats()
 

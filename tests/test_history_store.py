@@ -215,8 +215,39 @@ def test_pod_records_are_not_tracked_by_the_cyclic_gc():
     gc.collect()
     gc.collect()  # a tuple is untracked once its contents are: the names tuple first, then the record
     node = h._nodes["n1"]
+    assert node.pods and not gc.is_tracked(node.data)
     for rec in node.pods.values():
-        assert not gc.is_tracked(rec) and not gc.is_tracked(rec[1])
+        assert not gc.is_tracked(rec)
+
+
+def test_columns_are_written_in_the_order_of_the_rows():
+    """record_columns() on rows laid out by record() with the pods in another order than the
+    decoder's: each container's rate and memory land in its own column."""
+    from kcms.model import ContainerColumns
+    from kcms.sources.decode_reuse import pod_places
+
+    h = HistoryStore(600.0, 15.0)
+    # the series in the body's order: a/c1, b/c1, a/c2 (pod order a: c1, c2; then b: c1)
+    places = pod_places("sig", ["ns"] * 3, ["a", "b", "a"], ["c1", "c1", "c2"])
+    assert places is not None
+
+    def point(t: float, cpu_ns: int, memory: int) -> ResourcePoint:
+        return ResourcePoint(1.0, t, cpu_ns, memory)
+
+    token = object()
+    first = {  # pod b first
+        ("ns", "b"): {"c1": (point(T0, 0, 10), None)},
+        ("ns", "a"): {"c1": (point(T0, 0, 20), None), "c2": (point(T0, 0, 30), None)},
+    }
+    h.record("n1", None, None, first, token)
+    t = T0 + 15
+    cpu_ns = [15 * 10**9, 30 * 10**9, 45 * 10**9]  # body order: a/c1, b/c1, a/c2
+    memory = [21, 11, 31]
+    readings = [point(t, cpu_ns[i], memory[i]) for i in (0, 2, 1)]  # pod order
+    columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, memory, readings, places)
+    assert h.record_columns("n1", None, None, token, columns, cpu_ns, [15.0] * 3)
+    assert h.pod_points("ns", "a", 0.0) == (("c1", "c2"), [(t, [(10**9, 21), (3 * 10**9, 31)])])
+    assert h.pod_points("ns", "b", 0.0) == (("c1",), [(t, [(2 * 10**9, 11)])])
 
 
 def test_bad_construction_refused():

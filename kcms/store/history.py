@@ -10,11 +10,13 @@ x 30 pods. What one node holds (``_NodeHistory``):
   containers of a pod align point by point.
 - ``node``: an ``array('q')`` of ``2 * capacity`` int64: CPU usage in nanocores (slots
   ``0..capacity-1``) and memory working set in bytes (``capacity..2*capacity-1``).
-- ``pods``: per pod a ``(container names, bytearray)`` tuple; the bytearray holds native int64s
-  (read and written through a ``memoryview`` cast to ``'q'``), per container ``capacity`` CPU
-  values then ``capacity`` memory values. A ``bytearray`` and a tuple of strings are not tracked by
-  the cyclic garbage collector (an ``array`` is), so the 30 000 pods of a 1000-node cluster add no
-  work to full collections (with arrays they added 60 000 tracked objects).
+- ``data``: one ``bytearray`` of native int64s (read and written through a ``memoryview`` cast
+  to ``'q'``) holding every container's values, a row per slot: row ``i`` is the CPU of the node's
+  ``n`` containers, then their memory, containers in pod order. ``pods`` maps each pod to its
+  container names and the index of its first container in a row. A scrape is written as two slice
+  assignments of a row (its containers' CPU, then their memory), not container by container. A
+  ``bytearray`` and tuples of strings and ints are not tracked by the cyclic garbage collector
+  (an ``array`` is), so the 30 000 pods of a 1000-node cluster add no work to full collections.
 
 ``-1`` marks "no value at that slot": a container that was not there yet, or a reading with no
 usable rate (the first one of a container start: a new container, a restart, a counter reset —
@@ -29,20 +31,25 @@ Retention and eviction:
 - a point older than ``history`` (by the wall clock, against the kubelet's timestamp) is never
   served; its slot is overwritten by the ring;
 - a pod missing from its node's newest scrape is dropped with its history (it was deleted, or
-  moved: metrics-server forgets it the same way); a container missing from its pod's scrape too;
+  moved: metrics-server forgets it the same way); a container missing from its pod's scrape too
+  (a scrape with another set of pods or containers lays the node's rows out again, copying the
+  columns of the containers kept);
 - a node whose newest point is older than ``history``, or (``present``) no longer in the
   inventory, is dropped by :meth:`HistoryStore.expire` (run after every scrape cycle);
 - a reading no newer than the node's newest slot (the kubelet served the same reading again)
   adds no point.
 
 The write (:meth:`HistoryStore.record`) runs on the store's hot path, once per node scrape, with
-the pairs of readings the store has just chosen, updating the node's pod records in place (a new
-record only for a new pod or a changed set of containers). A scrape the store took a column at a
+the pairs of readings the store has just chosen, filling one row (the node's rows are laid out
+again only for a new pod or a changed set of containers). A scrape the store took a column at a
 time with the same series as the last one recorded (:meth:`HistoryStore.record_columns`) is written
-from the decoder's columns: rates computed a column at a time, then only stores into the records.
-Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s): ~50 us per
-node scrape (~0.9 us per container) and 0.052 MB per node, allocated whole on a pod's first scrape; process figures with and without
-history in ``docs/history.md`` (``bench/resource_pipeline.py``).
+from the decoder's columns: rates computed a column at a time, put in pod order by one getter, and
+stored as two slices of the row (a node of 60 containers, in process: 19-30 us a call against
+40-59 when written container by container into per-pod records, the same noisy hour).
+Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s):
+:meth:`HistoryStore.record` 65 us per node scrape (76-78 with per-pod records, same hour) and
+0.0505 MB per node (0.0521), allocated whole when a node's set of pods changes; process figures
+with and without history in ``docs/history.md`` (``bench/resource_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from operator import truediv
+from operator import itemgetter, truediv
 from typing import Any
 
 from kcms.model import ContainerColumns, PodKey, PodPlaces, ResourcePoint
@@ -80,30 +87,39 @@ def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     return int(rate)
 
 
-def _layout(places: PodPlaces, kept: dict[PodKey, tuple[tuple[str, ...], bytearray]]) -> _Layout:
-    """How :meth:`HistoryStore.record_columns` writes a decoder's columns into ``kept``: the getter
-    that puts the series in pod order (the decoder's, ``ContainerColumns.places``), each pod's
-    record, and its number of series. Holds no name of its own (new strings per node would cost
-    ~8 kB a node)."""
+def _row_order(places: PodPlaces, kept: dict[PodKey, tuple[tuple[str, ...], int]]) -> Callable[[Any], Any]:
+    """The getter that puts a decoder's columns (``ContainerColumns``, the series in the body's
+    order) in the order of the node's rows: the decoder's own getter to pod order
+    (``places.in_pod_order``) when the rows hold the pods in that order (the usual case: both
+    were laid out from the same scrape), else that getter followed by a reorder."""
     of = places.of
-    return places.in_pod_order, [kept[key][1] for key in of], [len(names) for _, names in of.values()]
-
-
-# _layout(): series in pod order, each pod's record, its number of series
-_Layout = tuple[Callable[[list[int]], tuple[int, ...]], list[bytearray], list[int]]
+    if all(kept[key][1] == at for key, (at, _) in of.items()):
+        return places.in_pod_order
+    # rows in another pod order: row index -> index in pod order
+    source = [0] * sum(len(names) for names in (rec[0] for rec in kept.values()))
+    for key, (at, names) in of.items():
+        first = kept[key][1]
+        for j in range(len(names)):
+            source[first + j] = at + j
+    # (offsets differ only with two pods or more: the itemgetter returns a tuple)
+    in_pod_order, reorder = places.in_pod_order, itemgetter(*source)
+    return lambda values: reorder(in_pod_order(values))
 
 
 class _NodeHistory:
-    __slots__ = ("count", "head", "layout", "node", "pods", "series", "times")
+    __slots__ = ("count", "data", "head", "layout", "n", "node", "order", "pods", "times")
 
     def __init__(self, capacity: int) -> None:
         self.times = array("d", bytes(8 * capacity))
         self.node = array("q", [-1]) * (2 * capacity)
         self.head = 0  # the slot the next scrape is written to
         self.count = 0  # slots written (at most capacity)
-        self.pods: dict[PodKey, tuple[tuple[str, ...], bytearray]] = {}
+        # pod -> (container names, index of its first container in a row)
+        self.pods: dict[PodKey, tuple[tuple[str, ...], int]] = {}
+        self.n = 0  # containers in a row
+        self.data = bytearray()  # capacity rows of 2 * n int64: CPU of each container, then memory
         self.layout: object = None  # the store's token for the series ``pods`` was last written with
-        self.series: _Layout | None = None  # _layout() of the columns of ``layout``
+        self.order: Callable[[Any], Any] | None = None  # _row_order() of the columns of ``layout``
 
     def newest(self, capacity: int) -> float:
         return self.times[(self.head - 1) % capacity] if self.count else 0.0
@@ -117,6 +133,30 @@ class _NodeHistory:
             if times[i] >= since:
                 out.append(i)
         return out
+
+    def lay_out(self, capacity: int, pods: dict[PodKey, tuple[str, ...]]) -> None:
+        """Rows for ``pods`` (pod -> container names, in this order): the values of every container
+        kept (same pod, same name) are copied, the others are -1."""
+        old, old_n, old_pods = memoryview(self.data).cast("q"), self.n, self.pods
+        kept: dict[PodKey, tuple[tuple[str, ...], int]] = {}
+        n = 0
+        for key, names in pods.items():
+            kept[key] = (names, n)
+            n += len(names)
+        data = bytearray(b"\xff" * (16 * capacity * n))  # all bits set: int64 -1
+        new = memoryview(data).cast("q")
+        for key, (names, first) in kept.items():
+            rec = old_pods.get(key)
+            if rec is None:
+                continue
+            old_names, old_first = rec
+            for j, name in enumerate(names):
+                if name in old_names:
+                    i = old_first + old_names.index(name)
+                    # a container's column of every row: CPU, then memory (strided copies, in C)
+                    new[first + j :: 2 * n] = old[i :: 2 * old_n]
+                    new[n + first + j :: 2 * n] = old[old_n + i :: 2 * old_n]
+        self.pods, self.n, self.data = kept, n, data
 
 
 class HistoryStore:
@@ -158,38 +198,40 @@ class HistoryStore:
         slot = self._next_slot(h, ts, last, prev)
         if slot is None:
             return
-        kept = h.pods  # updated in place: no new dict per scrape
-        pod_node = self._pod_node
-        step = 2 * cap
+        kept = h.pods
+        names_of = {key: tuple(pairs) for key, pairs in pods.items()}
+        if len(kept) != len(names_of) or any(
+            (rec := kept.get(key)) is None or rec[0] != names for key, names in names_of.items()
+        ):
+            pod_node = self._pod_node
+            for key in kept.keys() - names_of.keys():  # pods gone since the last scrape
+                if pod_node.get(key) == node:
+                    del pod_node[key]
+            for key, names in names_of.items():
+                if (rec := kept.get(key)) is None or rec[0] != names:
+                    pod_node[key] = node  # a new pod here, or new containers
+            h.lay_out(cap, names_of)
+            kept = h.pods
+        n = h.n
+        cpus = [-1] * n
+        memory = [-1] * n
         most = MAX_NANOCORES
         for key, pairs in pods.items():
-            rec = kept.get(key)
-            names = tuple(pairs)
-            if rec is None or rec[0] != names:
-                rec = kept[key] = self._reshaped(rec, names)
-                pod_node[key] = node
-            data: Any = memoryview(rec[1]).cast("q")  # int64 view; released at the next assignment
-            base = slot
+            i = kept[key][1]
             for cur, before in pairs.values():
                 # _rate() inlined: this runs for every container of every scrape.
-                cpu = -1
                 if before is not None:
                     span = cur.timestamp - before.timestamp
                     delta = cur.cpu_ns - before.cpu_ns
                     if span > 0 and delta >= 0:
                         rate = delta / span
                         if rate <= most:
-                            cpu = int(rate)
-                data[base] = cpu
-                data[base + cap] = cur.memory
-                base += step
-        if len(kept) != len(pods):  # pods gone since the last scrape (every pod here is in kept)
-            for key in [k for k in kept if k not in pods]:
-                del kept[key]
-                if pod_node.get(key) == node:
-                    del pod_node[key]
+                            cpus[i] = int(rate)
+                memory[i] = cur.memory
+                i += 1
+        self._write_row(h, slot, cpus, memory)
         h.layout = layout
-        h.series = None
+        h.order = None
 
     def record_columns(
         self,
@@ -207,7 +249,7 @@ class HistoryStore:
         seconds since the reading before (``deltas``, ``spans``: every span > 0, every rise >= 0).
         False, with nothing written, when :meth:`record` must do it: another layout recorded last,
         or a rate over MAX_NANOCORES. The pods' records are written in place; no pod is added or
-        dropped. ~27 us against ~77 for :meth:`record`, a node of 60 containers in process."""
+        dropped."""
         h = self._nodes.get(node)
         if h is None or layout is None or h.layout is not layout:
             return False
@@ -218,23 +260,20 @@ class HistoryStore:
         slot = self._next_slot(h, ts, last, prev)
         if slot is None:
             return True  # no new point, as record()
-        if h.series is None:
-            h.series = _layout(columns.places, h.pods)
-        in_pod_order, records, sizes = h.series
-        cap = self.capacity
-        cpu = in_pod_order(list(map(int, rates)))
-        memory = in_pod_order(columns.memory)
-        step = 2 * cap
-        i = 0
-        for raw, n in zip(records, sizes, strict=True):
-            data: Any = memoryview(raw).cast("q")
-            base = slot
-            for j in range(i, i + n):
-                data[base] = cpu[j]
-                data[base + cap] = memory[j]
-                base += step
-            i += n
+        order = h.order
+        if order is None:
+            order = h.order = _row_order(columns.places, h.pods)
+        self._write_row(h, slot, order(list(map(int, rates))), order(columns.memory))
         return True
+
+    @staticmethod
+    def _write_row(h: _NodeHistory, slot: int, cpus: Any, memory: Any) -> None:
+        """Row ``slot`` of ``h``: its containers' CPU, then their memory (two slice stores, in C)."""
+        n = h.n
+        row: Any = memoryview(h.data).cast("q")
+        base = 2 * n * slot
+        row[base : base + n] = array("q", cpus)
+        row[base + n : base + 2 * n] = array("q", memory)
 
     def _next_slot(
         self, h: _NodeHistory, ts: float, last: ResourcePoint | None, prev: ResourcePoint | None
@@ -257,20 +296,6 @@ class HistoryStore:
             nd[slot] = _rate(last, prev)
             nd[cap + slot] = last.memory
         return slot
-
-    def _reshaped(
-        self, rec: tuple[tuple[str, ...], bytearray] | None, names: tuple[str, ...]
-    ) -> tuple[tuple[str, ...], bytearray]:
-        """A pod's record for a new set of containers: the columns of the ones kept, -1 for new."""
-        span = 16 * self.capacity  # bytes of one container: capacity CPU + capacity memory int64s
-        data = bytearray(b"\xff" * (span * len(names)))  # all bits set: int64 -1
-        if rec is not None:
-            old_names, old = rec
-            for j, name in enumerate(names):
-                if name in old_names:
-                    i = old_names.index(name)
-                    data[j * span : (j + 1) * span] = old[i * span : (i + 1) * span]
-        return names, data
 
     def forget_node(self, node: str) -> None:
         h = self._nodes.pop(node, None)
@@ -322,21 +347,24 @@ class HistoryStore:
         rec = h.pods.get(key) if h is not None else None
         if h is None or rec is None:
             return (), []
-        cap = self.capacity
-        span = 2 * cap
-        names, raw = rec
-        data: Any = memoryview(raw).cast("q")
+        names, first = rec
         n = len(names)
+        if not n:
+            return names, []
+        row, width = h.n, 2 * h.n  # a container's memory is ``row`` after its CPU
+        data: Any = memoryview(h.data).cast("q")
+        times = h.times
         out = []
-        for i in h.slots(cap, oldest):
+        for i in h.slots(self.capacity, oldest):
+            at = width * i + first
             values = []
-            for j in range(n):
-                cpu = data[j * span + i]
+            for j in range(at, at + n):
+                cpu = data[j]
                 if cpu < 0:
-                    break
-                values.append((cpu, data[j * span + cap + i]))
-            if len(values) == n and n:
-                out.append((h.times[i], values))
+                    break  # served only where every container has a value
+                values.append((cpu, data[j + row]))
+            else:
+                out.append((times[i], values))
         return names, out
 
     def pod_node(self, namespace: str, name: str) -> str:
@@ -352,5 +380,5 @@ class HistoryStore:
         """(nodes, pods, stored slots) — stored slots are bounded by capacity x objects."""
         slots = 0
         for h in self._nodes.values():
-            slots += h.count * (1 + sum(len(names) for names, _ in h.pods.values()))
+            slots += h.count * (1 + h.n)
         return len(self._nodes), len(self._pod_node), slots
