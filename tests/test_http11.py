@@ -105,6 +105,68 @@ async def test_reused_connection_closed_by_the_server_is_retried_once(tls):
         server.close()
 
 
+async def test_an_idle_connection_the_server_closes_is_closed_at_once(tls):
+    """Kept-alive connections stay watched while idle: a server's close is seen when it happens
+    (the socket is released then, not at the next cycle's request)."""
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        (idle,) = pool._idle.values()
+        assert not idle.closed
+        for _ in range(100):  # no request: only the loop's watch can see the close
+            await asyncio.sleep(0.02)
+            if idle.closed:
+                break
+        assert idle.closed and not idle.reading
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        assert pool.connects == 2
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_bytes_sent_to_an_idle_connection_close_it(tls):
+    """A hostile kubelet sends the start of a response before it is asked (here: headers promising
+    a 20-byte body). Parsed with the next request's answer, that would hand back the first 20
+    bytes of the genuine response as the body; instead the connection is closed when they come,
+    and the next request gets the genuine answer on a new connection."""
+    served = []
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            served.append(1)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            if len(served) == 1:
+                await asyncio.sleep(0.05)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n")
+                await writer.drain()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        await asyncio.sleep(0.3)
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        assert pool.connects == 2
+    finally:
+        pool.close()
+        server.close()
+
+
 @pytest.mark.parametrize(
     "response, reason",
     [

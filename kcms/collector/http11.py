@@ -12,8 +12,8 @@ read loop, and every connection keeps its read buffer (16 KiB here, see
 :func:`kcms.collector.kubelet.limit_tls_read_buffer`) and BIO capacity while idle. Kept alive to
 every kubelet, that was 80 kB of RSS a connection. Here each connection is a non-blocking
 :class:`ssl.SSLSocket` that OpenSSL reads straight from the socket (its buffers are released
-between records, ``SSL_MODE_RELEASE_BUFFERS``), watched with the loop's ``add_reader`` only while
-a request is out, and decrypted into one buffer shared by the pool's connections (the loop runs one
+between records, ``SSL_MODE_RELEASE_BUFFERS``), watched with the loop's ``add_reader`` from
+connect to close, and decrypted into one buffer shared by the pool's connections (the loop runs one
 callback at a time): 33 kB a connection, and 190–205 instead of 231–233 µs of CPU a 32 kB
 response (measured on this machine, 50 connections).
 
@@ -100,7 +100,12 @@ class _Connection:
         self.delimited = False  # Content-Length or Transfer-Encoding seen
         self.closed = False
         self.keep_alive = True
-        self.reading = False  # the loop watches the socket (only while a request is out)
+        # The loop watches the socket from now to close(): registering it per request and removing
+        # it after cost two epoll_ctl calls and the selector's bookkeeping, ~15-20 us a scrape of
+        # the ~600 us at 50 nodes (bench/fixed_costs.py --per-scrape). An idle connection the server
+        # closes is then closed at once; bytes no request asked for close it too.
+        self.loop.add_reader(self.fd, self._readable)
+        self.reading = True
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -112,6 +117,10 @@ class _Connection:
                 n = sock.recv_into(buffer, READ_SIZE)
                 if not n:  # close_notify, or the TCP connection ended (ragged EOFs are EOFs)
                     self._lost(None)
+                    return
+                waiter = self.waiter
+                if waiter is None or waiter.done():
+                    self.close()  # bytes while no response is awaited: the exchange is out of step
                     return
                 self._received(view[:n])
         except ssl.SSLWantReadError:
@@ -211,8 +220,8 @@ class _Connection:
                 view = view[self.sock.send(view) :]
             except ssl.SSLWantWriteError:
                 await _ready(self.loop, self.fd, write=True)
-            except ssl.SSLWantReadError:
-                await _ready(self.loop, self.fd, write=False)
+            except ssl.SSLWantReadError:  # a renegotiation (TLS 1.2); kubelets never ask for one
+                raise HTTPError("tls", "the server asked for a TLS renegotiation") from None
 
     async def get(self, request: bytes) -> tuple[int, bytes]:
         self.chunks, self.size, self.got_bytes = [], 0, False
@@ -224,14 +233,11 @@ class _Connection:
                 await self._send(request)
             except OSError as e:  # the server closed or reset the idle connection, say
                 raise HTTPError("connection", f"{e.__class__.__name__}: {e}") from None
-            self.loop.add_reader(self.fd, self._readable)
-            self.reading = True
             return await self.waiter
         except BaseException:
             self.close()  # cancelled or failed mid-exchange: the connection's state is unknown
             raise
         finally:
-            self._stop_reading()  # idle connections are not watched: a close is seen on next use
             # The joined body has been handed over; the pieces it was joined from would otherwise
             # stay referenced by this idle connection until the next cycle (~32 KiB a kubelet:
             # 31 MiB at 1000 nodes).
