@@ -11,7 +11,7 @@ import re
 import time
 
 from _kubelet_decode_helpers import RESOURCE, build_resource_body
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kcms.model import DecodeError, NodeBatch
@@ -106,6 +106,10 @@ _HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e
     st.sampled_from(range(len(BASES))),
     st.dictionaries(st.integers(min_value=0, max_value=400), st.sampled_from(_HOSTILE_NUMBERS), max_size=6),
 )
+# a comma in a CPU value: the numbers are read as one JSON array, where it makes an element of its own
+@example(2, {0: b"1,5"})
+@example(3, {2: b"1,5"})
+@example(3, {2: b"[1]"})
 def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_index, changes) -> None:
     base = BASES[base_index]
     reuse = DecodeReuse(max_templates=4)
