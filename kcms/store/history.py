@@ -47,7 +47,7 @@ from the decoder's columns: rates computed a column at a time, put in pod order 
 stored as two slices of the row (a node of 60 containers, in process: 19-30 us a call against
 40-59 when written container by container into per-pod records, the same noisy hour).
 Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s):
-:meth:`HistoryStore.record` 65 us per node scrape (76-78 with per-pod records, same hour) and
+:meth:`HistoryStore.record` 65-73 us per node scrape (76-78 with per-pod records, same hour) and
 0.0505 MB per node (0.0521), allocated whole when a node's set of pods changes; process figures
 with and without history in ``docs/history.md`` (``bench/resource_pipeline.py``).
 """
