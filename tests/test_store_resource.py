@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,6 +121,38 @@ def test_pod_needs_every_container():
     s.store(batch("n1", 1030.0, 3.0, {key: {"a": (1.0, 3.0, 4096), "b": (1.0, 1.5, 4096)}}), received=30.0)
     p = s.pod_usage(*key, now=30.0)
     assert p is not None and [c for c, _ in p.containers] == ["a", "b"]
+
+
+def test_readiness_probes_compute_no_pod_before_a_rate_can_be_taken():
+    # /readyz is open to any client and asks ready() each time: with one reading of everything
+    # (the first scrape cycle) it must answer without computing (and caching) a pod's usage.
+    s = ResourceStore(15.0)
+    now = time.monotonic()
+    one = {("ns", f"a{i}"): {"app": (1.0, 1.0, 4096)} for i in range(40)}
+    other = {("ns", f"b{i}"): {"app": (1.0, 1.0, 4096), "side": (1.0, 0.5, 4096)} for i in range(40)}
+    s.store(batch("n1", 1000.0, 1.0, one), received=now)
+    s.store(batch("n2", 1000.0, None, other), received=now)
+    for _ in range(3):
+        assert not s.ready()
+    assert [entry.usage for entry in s._nodes.values()] == [{}, {}]
+
+
+def test_ready_once_a_pod_can_be_served_and_from_then_on():
+    s = ResourceStore(15.0)
+    key = ("default", "web")
+    t = time.monotonic()
+    # readings with a pair, but older than max_age: nothing can be served
+    s.store(batch("n1", 900.0, None, {key: {"app": (1.0, 0.5, 4096)}}), received=t - 100)
+    s.store(batch("n1", 915.0, None, {key: {"app": (1.0, 0.6, 4096)}}), received=t - 85)
+    assert not s.ready()
+    # no node reading at all (a kubelet without the node lines): a pod is enough
+    s.store(batch("n1", 1000.0, None, {key: {"app": (1.0, 1.0, 4096)}}), received=t - 15)
+    s.store(batch("n1", 1015.0, None, {key: {"app": (1.0, 2.0, 4096)}}), received=t)
+    assert s.node_usage("n1") is None and s.pod_usage(*key) is not None
+    assert s.ready()
+    # as metrics-server's storage: ready from then on, even once everything has aged out
+    assert s.expire(now=t + 100) == ["n1"]
+    assert s.ready()
 
 
 def test_silent_node_ages_out_and_is_never_frozen():

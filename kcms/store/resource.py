@@ -292,6 +292,8 @@ class ResourceStore:
         self._moves = 0  # pods whose readings moved from one node's scrapes to another's, ever
         # --history: every stored scrape is also recorded there (kcms/store/history.py)
         self.history: HistoryStore | None = None
+        self._paired = False  # some reading was stored with one before it (a rate could be taken)
+        self._ready = False  # a node or pod could be served (ready() latches it)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -315,6 +317,7 @@ class ResourceStore:
             prev = _previous_for(point, old, 0.0)  # nodes have no fresh-start shortcut
             entry.prev = self._checked(point, old, prev, counts)
             entry.last = point
+            self._paired = self._paired or entry.prev is not None
 
         columns = batch.columns
         if columns is None or entry.columns is None or not self._store_columns(entry, batch, columns):
@@ -364,6 +367,7 @@ class ResourceStore:
         entry.pods = new_pods
         entry.usage = {}
         entry.points = 2 * containers_in - no_previous + (entry.last is not None) + (entry.prev is not None)
+        self._paired = self._paired or containers_in > no_previous
         for other in moved_from:
             other_entry = self._nodes.get(other)
             if other_entry is not None:
@@ -400,6 +404,7 @@ class ResourceStore:
         ):
             return False
         entry.before = old.readings  # the last readings, in the same order as the new ones
+        self._paired = True
         entry.pods = None  # ``batch.pods`` is not made: reads find a pod by columns.places
         entry.columns = columns
         entry.usage = {}
@@ -557,12 +562,23 @@ class ResourceStore:
         return self._pod_node.get((namespace, name), "")
 
     def ready(self) -> bool:
-        """True once at least one node or pod can be served."""
+        """True once a node or pod could be served, and from then on (as metrics-server's storage,
+        ready once it holds a previous batch; nodes that stop answering show in /readyz's
+        nodes-scraped detail instead). Every /readyz probe asks, and anyone may send one: until a
+        reading has been stored with one before it this looks at nothing (it computed every pod's
+        usage: a 100-150 ms stall a probe at 150 000 pods before the second scrape), then node by
+        node until one can be served."""
+        if self._ready or not self._paired:
+            return self._ready
         now = time.monotonic()
-        for node in self._nodes:
-            if self.node_usage(node, now) is not None:
-                return True
-        return any(self.pod_usage(ns, name, now) is not None for ns, name in self._pod_node)
+        for node, entry in self._nodes.items():
+            keys = entry.pods if entry.pods is not None else entry.columns.places.of if entry.columns else ()
+            if self.node_usage(node, now) is not None or any(
+                self.pod_usage(ns, name, now) is not None for ns, name in keys
+            ):
+                self._ready = True
+                break
+        return self._ready
 
     def stats_pods(self) -> int:
         """How many pods have readings."""
