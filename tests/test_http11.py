@@ -128,7 +128,8 @@ async def test_an_idle_connection_the_server_closes_is_closed_at_once(tls):
             await asyncio.sleep(0.02)
             if idle.closed:
                 break
-        assert idle.closed and not idle.reading
+        assert idle.closed
+        assert not asyncio.get_running_loop().remove_reader(idle.fd)  # no longer watched
         assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
         assert pool.connects == 2
     finally:

@@ -106,7 +106,6 @@ class _Connection:
         # bench/fixed_costs.py --per-scrape, alternated). An idle connection the server closes is
         # then closed at once; bytes no request asked for close it too.
         self.loop.add_reader(self.fd, self._readable)
-        self.reading = True
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -203,15 +202,10 @@ class _Connection:
             self.waiter.set_exception(error)
         self.close()
 
-    def _stop_reading(self) -> None:
-        if self.reading:
-            self.reading = False
-            self.loop.remove_reader(self.fd)
-
     def close(self) -> None:
-        self._stop_reading()
         if not self.closed:
             self.closed = True
+            self.loop.remove_reader(self.fd)  # watched from __init__ until now
             self.sock.close()
 
     async def _send(self, data: bytes) -> None:

@@ -200,16 +200,15 @@ class HistoryStore:
             return
         kept = h.pods
         names_of = {key: tuple(pairs) for key, pairs in pods.items()}
-        if len(kept) != len(names_of) or any(
-            (rec := kept.get(key)) is None or rec[0] != names for key, names in names_of.items()
-        ):
+        # new pods here, or pods with new containers
+        changed = [key for key, names in names_of.items() if (rec := kept.get(key)) is None or rec[0] != names]
+        if changed or len(kept) != len(names_of):
             pod_node = self._pod_node
             for key in kept.keys() - names_of.keys():  # pods gone since the last scrape
                 if pod_node.get(key) == node:
                     del pod_node[key]
-            for key, names in names_of.items():
-                if (rec := kept.get(key)) is None or rec[0] != names:
-                    pod_node[key] = node  # a new pod here, or new containers
+            for key in changed:
+                pod_node[key] = node
             h.lay_out(cap, names_of)
             kept = h.pods
         n = h.n
