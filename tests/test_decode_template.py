@@ -31,13 +31,22 @@ def _sim_bodies() -> list[bytes]:
     nodes = generate_nodes(nodes=1, pods_per_node=6, containers_per_pod=(1, 3), seed=3, now=now - 3600,
                            addresses=node_addresses("127.60.0.1", 1), ports=[10250],
                            restart_every=None)  # fmt: skip
-    return [render_resource_metrics(nodes[0], now - 60 + 15 * k) for k in range(3)]
+    return [render_resource_metrics(nodes[0], now - 60 + 15 * k) for k in range(4)]
 
 
 SIM = _sim_bodies()
 BASES = [GOOD, PLAIN, SMALL, RESOURCE, *SIM]
 # a sample line's value and optional timestamp: the numbers a template leaves out
 _NUMBERS = re.compile(rb"(?m)^([^#\n][^ \n]*) ([^ \n]+)(?: ([^ \n]+))?$")
+
+
+def primed(base: bytes, node: str = "n", max_templates: int = 4) -> DecodeReuse:
+    """A reuse that has made ``node``'s template of ``base`` (at its third full decode)."""
+    reuse = DecodeReuse(max_templates=max_templates)
+    for _ in range(3):
+        outcome(node, base, reuse)
+    assert len(reuse.templates) == 1
+    return reuse
 
 
 def outcome(node: str, body: bytes, reuse: DecodeReuse | None = None) -> NodeBatch | str:
@@ -69,7 +78,8 @@ def test_the_kubelets_next_bodies_are_decoded_from_the_template() -> None:
     for base in BASES:
         reuse = DecodeReuse(max_templates=8)
         assert isinstance(outcome("n", base, reuse), NodeBatch)
-        assert len(reuse.templates) == 0  # made at the node's second full decode
+        assert outcome("n", base, reuse) == outcome("n", base)
+        assert len(reuse.templates) == 0  # made at the node's third full decode
         assert outcome("n", base, reuse) == outcome("n", base)
         assert len(reuse.templates) == 1
         # other numbers in the same places (last digit changed), but start times and the error
@@ -91,7 +101,7 @@ def test_the_kubelets_next_bodies_are_decoded_from_the_template() -> None:
     for body in SIM:
         reuse.new_cycle()
         assert outcome("n", body, reuse) == outcome("n", body)
-    assert reuse.templates.hits == len(SIM) - 2
+    assert reuse.templates.hits == len(SIM) - 3
 
 
 _HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e-999", b"1.2.3", b"0123",
@@ -112,9 +122,7 @@ _HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e
 @example(3, {2: b"[1]"})
 def test_random_numbers_in_the_numbers_places_decode_as_without_template(base_index, changes) -> None:
     base = BASES[base_index]
-    reuse = DecodeReuse(max_templates=4)
-    outcome("n", base, reuse)
-    outcome("n", base, reuse)  # the template is made now
+    reuse = primed(base)
     body = with_numbers(base, lambda i, old: changes.get(i, old))
     assert outcome("n", body, reuse) == outcome("n", body)
     # and the good body again afterwards
@@ -137,9 +145,7 @@ def test_ordinary_values_read_from_the_template_round_as_the_full_decoder(base_i
     float() token by token): every finite value, as the kubelet and exporters print them, must come
     out exactly as the full decoder reads it, and the body must really be read from the template."""
     base = BASES[base_index]
-    reuse = DecodeReuse(max_templates=4)
-    outcome("n", base, reuse)
-    outcome("n", base, reuse)  # the template is made now
+    reuse = primed(base)
     count = [0]
 
     def value(m: re.Match[bytes]) -> bytes:
@@ -168,9 +174,7 @@ def test_bytes_that_are_not_text_in_any_numbers_place_decode_as_without_template
         places = [i for i, name in enumerate(names) if not name.startswith((b"container_", b"node_")) or i % 7 == 0]
         for bad in (b"\xff", b"1\xff", b"1\r", b"\xd9", b""):
             for at in places:
-                reuse = DecodeReuse(max_templates=4)
-                outcome("n", base, reuse)
-                outcome("n", base, reuse)
+                reuse = primed(base)
                 body = with_numbers(base, lambda i, old, at=at, bad=bad: bad if i == at else old)
                 assert outcome("n", body, reuse) == outcome("n", body), (at, bad)
 
@@ -244,6 +248,7 @@ def test_layouts_not_covered_are_not_templated() -> None:
         reuse = DecodeReuse(max_templates=4)
         first = outcome("n", body, reuse)
         assert outcome("n", body, reuse) == first
+        assert outcome("n", body, reuse) == first  # the third full decode: where a template is made
         assert len(reuse.templates) == 0, name
         assert outcome("n", body, reuse) == first == outcome("n", body), name
 
@@ -258,7 +263,9 @@ def test_bounded_and_off_in_a_large_cluster() -> None:
 
     cycle(2)
     cycle(2)
-    assert len(reuse.templates) == 2  # made at each node's second decode
+    assert len(reuse.templates) == 0  # not in the first two cycles (after start: the ones that serve)
+    cycle(2)
+    assert len(reuse.templates) == 2  # made at each node's third decode
     cycle(10)  # the cluster grew past the bound: no template made beyond it
     assert len(reuse.templates) <= 3
     cycle(10)  # after a cycle of 10 bodies templates are off, and freed
@@ -270,8 +277,10 @@ def test_bounded_and_off_in_a_large_cluster() -> None:
         for i in range(10):
             outcome(f"n{i}", SMALL, fresh)
         assert len(fresh.templates) == 0
-    cycle(2)  # it shrank to 2 nodes: on again (first sight, then the template)
+    cycle(2)  # it shrank to 2 nodes: on again (after a cycle of 2: two full decodes, then the template)
     cycle(2)
+    cycle(2)
+    assert len(reuse.templates) == 0
     cycle(2)
     assert reuse.templates.enabled and len(reuse.templates) == 2
     # a node not decoded for a whole cycle is forgotten; forget() drops one at once
@@ -280,6 +289,19 @@ def test_bounded_and_off_in_a_large_cluster() -> None:
     assert len(reuse.templates) == 1
     reuse.forget("n0")
     assert len(reuse.templates) == 0
+
+
+def test_templates_made_in_one_cycle_are_bounded() -> None:
+    # a large cluster makes its templates over several cycles, not all in one
+    reuse = DecodeReuse(max_templates=16)
+    reuse.templates.max_builds = 2
+    made = []
+    for _ in range(6):
+        reuse.new_cycle()
+        for i in range(5):
+            assert outcome(f"n{i}", SMALL, reuse) == outcome(f"n{i}", SMALL)
+        made.append(len(reuse.templates))
+    assert made == [0, 0, 2, 4, 5, 5]
 
 
 def test_a_node_whose_body_keeps_changing_is_templated_less_and_less() -> None:
@@ -295,9 +317,7 @@ def test_a_node_whose_body_keeps_changing_is_templated_less_and_less() -> None:
 
 
 def test_two_nodes_never_share_a_template() -> None:
-    reuse = DecodeReuse(max_templates=4)
-    outcome("a", GOOD, reuse)
-    outcome("a", GOOD, reuse)
+    reuse = primed(GOOD, "a")
     other = build_resource_body(30, 2, seed=2)
     assert outcome("b", other, reuse) == outcome("b", other)
     assert reuse.templates.hits == 0
@@ -309,7 +329,7 @@ def test_a_templates_names_are_one_object_per_distinct_name() -> None:
     """Batches decoded from templates hold one string per pod name, and namespaces and container
     names shared across nodes (the store keeps these as its keys, every node every cycle)."""
     reuse = DecodeReuse(max_templates=8)
-    for _ in range(2):  # a template is made at each node's second full decode
+    for _ in range(3):  # a template is made at each node's third full decode
         for node in ("a", "b"):
             decode_resource_metrics(node, GOOD, now=NOW, reuse=reuse)
     batch_a = decode_resource_metrics("a", GOOD, now=NOW, reuse=reuse)
@@ -348,10 +368,7 @@ def test_whitespace_moved_between_numbers_and_lines_is_never_read_from_the_templ
     for variant in variants:
         assert variant != text
         body = variant.encode()
-        reuse = DecodeReuse(max_templates=8)
-        for _ in range(2):
-            outcome("n", GOOD, reuse)
-        assert len(reuse.templates) == 1
+        reuse = primed(GOOD, max_templates=8)
         hits = reuse.templates.hits
         assert outcome("n", body, reuse) == outcome("n", body)
         assert reuse.templates.hits == hits, variants.index(variant)  # not read from the template

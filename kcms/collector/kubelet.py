@@ -94,8 +94,8 @@ class KubeletClient:
         self._path = ENDPOINTS[config.endpoint]
         # What each node's last start-time block parsed to (bounded: nodes not scraped for a whole
         # cycle are forgotten at start_cycle); the decoded batches are the same without it.
-        # and, in clusters of up to DEFAULT_TEMPLATES nodes, each node's whole body as a template
-        # whose numbers alone are read next time (kcms/sources/decode_template.py)
+        # And each node's whole body as a template whose numbers alone are read next time (in
+        # clusters of up to DEFAULT_TEMPLATES nodes: kcms/sources/decode_template.py).
         self.decode_reuse = DecodeReuse(max_templates=DEFAULT_TEMPLATES)
         self._decode: Callable[[str, bytes], NodeBatch] | None = (
             self._decode_resource if config.endpoint == "resource" else None

@@ -33,12 +33,16 @@ of that (``bench/scrape_cpu.py`` figures in ``docs/performance.md``, "CPU in sma
 Only bodies in the kubelet's layout are templated: every sample line ``name{labels} V[ T]`` with
 single blanks, container families with labels exactly ``container,namespace,pod`` in one
 contiguous run each, listing the same series in the same order, and a full decode with no
-refusal at all, made at a node's second full decode. For small clusters: at most ``max_nodes``
-(128) templates, none during a cycle past that many bodies, and none at all after a cycle that
-decoded more (a large cluster makes none, so spends no memory on them, and decodes as before); a
-node not decoded for a whole cycle is forgotten. ~8 kB a node for 60 containers (the label
-columns; the position tuples are shared by nodes of the same layout), so at most ~1 MB. Keeping
-the constant text itself (as pieces to join with the new numbers and compare) took 53 kB a node.
+refusal at all, made at a node's third full decode, at most ``max_builds`` (2000) a cycle. At
+most ``max_nodes`` (16384) templates, none during a cycle past that many bodies, and none at all
+after a cycle that decoded more (such a cluster decodes as without them); a node not decoded for a
+whole cycle is forgotten. ~8 kB a node for 60 containers (the label columns; the position tuples
+are shared by nodes of the same layout), whose names the store's keys share: with templates the
+decoder and the store hold less than without (42.3 against 52.1 kB a node at 1000 nodes). Keeping
+the constant text itself (as pieces to join with the new numbers and compare) took 53 kB a node,
+which is why templates were first kept to clusters of up to 128 nodes. At 1000 nodes a scrape's
+decode and store took 356-399 us with templates against 511-612 without (``bench/scrape_cpu.py``,
+three alternated runs); a build costs ~1.1-1.8 ms, about what ten scrapes save.
 """
 
 from __future__ import annotations
@@ -59,8 +63,13 @@ _MAX_NAME_LENGTH = 253  # kcms.sources.bounds.MAX_NAME_LENGTH (a template has no
 # itemgetters shared by nodes of the same layout (their position tuples are ~20 kB each)
 _GETTERS: dict[tuple[int, ...], Any] = {}
 _MAX_GETTERS = 512
-# templates a KubeletClient keeps (the cluster size up to which they are used)
-DEFAULT_TEMPLATES = 128
+# templates a KubeletClient keeps (the cluster size up to which they are used): a template holds
+# less than the decoder keeps for a node without one (tracemalloc, 1000 nodes of 30 pods, the
+# decoder's reuse and the store: 42.3 against 52.1 kB a node), so the bound is DecodeReuse's
+DEFAULT_TEMPLATES = 16384
+# templates made in one cycle at most: a build costs ~1.1-1.8 ms (a full decode and more), so a
+# 5000-node cluster makes its templates over three cycles, ~3 s of CPU in each, not in one of ~9 s
+MAX_BUILDS_PER_CYCLE = 2000
 
 
 def _getter(positions: tuple[int, ...]) -> Any:
@@ -265,29 +274,34 @@ def build(text: str) -> Template | None:
 
 
 class BodyTemplates:
-    """Per-node :class:`Template` s, for small clusters (see the module docstring).
+    """Per-node :class:`Template` s (see the module docstring).
 
     Only while a cycle decodes at most ``max_nodes`` nodes: a cycle with more disables templates
-    (and frees them) until a cycle has at most ``max_nodes`` again, so a large cluster uses no
-    memory for them and decodes exactly as before. A node whose bodies keep changing shape (a
+    (and frees them) until a cycle has at most ``max_nodes`` again, so a larger cluster uses no
+    memory for them and decodes exactly as before. A template is made at a node's third full
+    decode (not during the first two cycles after start, which decide how soon every node is
+    served), at most ``max_builds`` a cycle. A node whose bodies keep changing shape (a
     template dropped within a few scrapes of being made) waits longer and longer (up to 64
     scrapes) before it is templated again, so that it costs the full decode and little more;
     so does a node whose body does not fit the layout (64 scrapes).
     """
 
-    __slots__ = ("_current", "_previous", "_wait", "_backoff", "_seen", "_decoded", "enabled", "max_nodes",
-                 "hits", "misses")  # fmt: skip
+    __slots__ = ("_current", "_previous", "_wait", "_backoff", "_seen", "_decoded", "_built", "enabled",
+                 "max_nodes", "max_builds", "hits", "misses")  # fmt: skip
 
-    def __init__(self, max_nodes: int = DEFAULT_TEMPLATES) -> None:
+    def __init__(self, max_nodes: int = DEFAULT_TEMPLATES, max_builds: int = MAX_BUILDS_PER_CYCLE) -> None:
         self._current: dict[str, Template] = {}
         self._previous: dict[str, Template] = {}
         self._wait: dict[str, int] = {}  # node -> scrapes before trying to template it again
         self._backoff: dict[str, int] = {}  # node -> the next wait after an early drop
-        # nodes decoded once already: a template is made at a node's second full decode, so the
-        # first cycle of a large cluster (before a cycle has shown its size) makes none
-        self._seen: set[str] = set()
+        # full decodes of each node so far (up to 2): a template is made at a node's third, so the
+        # first cycle of a cluster past max_nodes (before a cycle has shown its size) makes none,
+        # and neither does the second, 2 s after the first at start, which makes nodes servable
+        self._seen: dict[str, int] = {}
         self._decoded = 0  # bodies decoded this cycle
+        self._built = 0  # templates made this cycle
         self.max_nodes = max(0, max_nodes)
+        self.max_builds = max_builds
         self.enabled = self.max_nodes > 0
         self.hits = 0
         self.misses = 0
@@ -300,6 +314,7 @@ class BodyTemplates:
         them all after a cycle of more than ``max_nodes`` bodies."""
         self.enabled = 0 < self.max_nodes and self._decoded <= self.max_nodes
         self._decoded = 0
+        self._built = 0
         self._previous = {} if not self.enabled else self._current
         self._current = {}
         if not self.enabled or len(self._seen) > 4 * self.max_nodes:
@@ -317,7 +332,7 @@ class BodyTemplates:
         self._previous.pop(node, None)
         self._wait.pop(node, None)
         self._backoff.pop(node, None)
-        self._seen.discard(node)
+        self._seen.pop(node, None)
 
     def get(self, node: str) -> Template | None:
         """``node``'s template (None: none, or templates are disabled); counts the decode."""
@@ -344,12 +359,15 @@ class BodyTemplates:
             self._backoff.pop(node, None)
 
     def want(self, node: str) -> bool:
-        """Whether to template ``node``'s body just decoded (enabled, room left, the node's second
-        full decode at least, not waiting)."""
+        """Whether to template ``node``'s body just decoded (enabled, room left, builds left this
+        cycle, the node's third full decode at least, not waiting)."""
         if not self.enabled or self._decoded > self.max_nodes or len(self._current) >= self.max_nodes:
             return False
-        if node not in self._seen:
-            self._seen.add(node)
+        seen = self._seen.get(node, 0)
+        if seen < 2:
+            self._seen[node] = seen + 1
+            return False
+        if self._built >= self.max_builds:
             return False
         wait = self._wait.get(node)
         if wait:
@@ -358,6 +376,7 @@ class BodyTemplates:
             else:
                 self._wait[node] = wait - 1
             return False
+        self._built += 1
         return True
 
     def put(self, node: str, template: Template | None) -> None:

@@ -50,7 +50,7 @@ block that is the same text as at its last scrape (or the same but for one times
 lines) is not parsed again; its previous parse is used, with the same result. Bounded, per node, forgotten
 when the node is not scraped for a whole cycle.
 
-Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 128 nodes): a node's body that is
+Whole bodies (:mod:`kcms.sources.decode_template`, in clusters of up to 16384 nodes): a node's body that is
 its last clean body with other numbers in the same places is checked against that template in C, on the
 bytes as received, before any UTF-8 decoding (``bytes.split``, one tuple hash), and only its numbers are
 converted, all in one call of msgspec's JSON number reader, which rounds as ``float()`` does (211 -> 179
