@@ -68,7 +68,7 @@ _MAX_GETTERS = 512
 # decoder's reuse and the store: 42.3 against 52.1 kB a node), so the bound is DecodeReuse's
 DEFAULT_TEMPLATES = 16384
 # templates made in one cycle at most: a build costs ~1.1-1.8 ms (a full decode and more), so a
-# 5000-node cluster makes its templates over three cycles, ~3 s of CPU in each, not in one of ~9 s
+# 5000-node cluster makes its templates over three cycles, 2-4 s of CPU in each, not 6-9 s in one
 MAX_BUILDS_PER_CYCLE = 2000
 
 
