@@ -209,6 +209,14 @@ def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
     return pods
 
 
+def _pod_keys(entry: _NodeEntry) -> Iterable[PodKey]:
+    """The pods of ``entry``'s newest scrape (some may be owned by another node's since)."""
+    if entry.pods is not None:
+        return entry.pods
+    assert entry.columns is not None  # stored a column at a time
+    return entry.columns.places.of
+
+
 def _pod_readings(entry: _NodeEntry, key: PodKey) -> Iterable[tuple[str, _Pair]]:
     """One pod's ``(container, (last reading, reading before))`` for :func:`pod_rates` (empty: no
     such pod); no dict of pairs is made (nor kept) for a pod stored a column at a time."""
@@ -433,13 +441,7 @@ class ResourceStore:
         entry = self._nodes.pop(node, None)
         if entry is None:
             return
-        keys: Iterable[PodKey]
-        if entry.pods is not None:
-            keys = entry.pods
-        else:  # stored a column at a time
-            assert entry.columns is not None
-            keys = entry.columns.places.of
-        for key in keys:
+        for key in _pod_keys(entry):
             if self._pod_node.get(key) == node:
                 del self._pod_node[key]
 
@@ -572,9 +574,8 @@ class ResourceStore:
             return self._ready
         now = time.monotonic()
         for node, entry in self._nodes.items():
-            keys = entry.pods if entry.pods is not None else entry.columns.places.of if entry.columns else ()
             if self.node_usage(node, now) is not None or any(
-                self.pod_usage(ns, name, now) is not None for ns, name in keys
+                self.pod_usage(ns, name, now) is not None for ns, name in _pod_keys(entry)
             ):
                 self._ready = True
                 break
