@@ -10,14 +10,20 @@ LIST + WATCH, as in a cluster) and `kcms standalone` (plus any --kcms-arg). Meas
 1. start: from the moment KCMS's process is started, the node metrics list is polled until 95 %
    of the nodes are in it, then the pod metrics list until 95 % of the inventory's pods are
    (the pod figure is known to within one list's duration, printed);
-2. quiet: CPU seconds of KCMS's whole process tree (parent + every descendant, reaped ones
-   included) over --cycles whole scrape cycles with no queries -> millicores per node at the
-   resolution; RSS of the tree (sum over processes) at the end -> MB per node;
+2. quiet: once KCMS has completed --settle-cycles scrape cycles since start (its steady state:
+   every node's body template made), CPU seconds of KCMS's whole process tree (parent + every
+   descendant, reaped ones included) over --cycles whole scrape cycles with no queries ->
+   millicores per node at the resolution; RSS of the tree (sum over processes) at the end -> MB
+   per node;
 3. lists: all nodes, all pods, one namespace by label (the HPA's query,
    --hpa-namespace/--hpa-selector), each with Accept-Encoding gzip and identity, over one kept-alive
    TLS connection; p50 is the figure;
 4. the socket-write floor: the same client receiving the very bytes KCMS sent for all pods from a
-   minimal asyncio+ssl server (pre-rendered, same TLS version); list time / floor time;
+   minimal asyncio+ssl server (pre-rendered, same TLS version); list time / floor time. Then, for
+   gzip, the list and the floor again, each taken wholly between two scrape cycles and wholly
+   during one (KCMS's /metrics says when a cycle starts and ends): the five lists of step 3 fall
+   wherever the cycles put them, and on 2 cores a list or a floor transfer that a 5000-node cycle
+   overlaps shares the machine with it (the simulator holds the other core);
 5. load: --load-clients processes list all pods in a loop for at least --load-cycles whole scrape
    cycles while KCMS collects: failed scrapes by reason and cycle durations (deltas of KCMS's
    /metrics), list latency, the fewest pods a list held, and pods served right after the phase;
@@ -44,6 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -230,8 +237,15 @@ class Run(ProcessRun):
 
     def measure_quiet(self) -> None:
         a = self.args
-        # Start on a cycle boundary and measure whole cycles; polling /metrics costs the server CPU
-        # too, so sleep through the cycles and poll only near their end.
+        # Steady state first: KCMS makes a node's body template at its third full decode, at most
+        # 2000 a cycle, so 5000 nodes build theirs in cycles 3-5 (1.1-1.8 ms each); a service's CPU
+        # is what it costs from then on. Then start on a cycle boundary and measure whole cycles;
+        # polling /metrics costs the server CPU too, so sleep through the cycles and poll only near
+        # their end.
+        done = read_scrapes(self.client).cycles
+        if done < a.settle_cycles:
+            time.sleep(max(0.0, (a.settle_cycles - done) * a.resolution - 2.0))
+            self.wait_cycles(0, a.settle_cycles)
         self.wait_cycles(read_scrapes(self.client).cycles, 1)
         s0 = read_scrapes(self.client)
         cpu0 = tree_cpu_seconds(self.proc)
@@ -244,7 +258,7 @@ class Run(ProcessRun):
         cycles = s1.cycles - s0.cycles
         cycle_cpu = (cpu1 - cpu0) / cycles
         self.r.update(
-            cycles=cycles, cycle_cpu_s=cycle_cpu, cycle_wall_s=(s1.cycle_seconds - s0.cycle_seconds) / cycles,
+            quiet_from_cycle=s0.cycles, cycles=cycles, cycle_cpu_s=cycle_cpu, cycle_wall_s=(s1.cycle_seconds - s0.cycle_seconds) / cycles,
             cpu_mc_per_node=cycle_cpu / a.resolution * 1000 / self.nodes,
             rss_mb=rss / 1e6, pss_mb=pss / 1e6, processes=nproc, rss_mb_per_node=rss / 1e6 / self.nodes,
             quiet_failures=s1.delta(s0),
@@ -338,6 +352,8 @@ class Run(ProcessRun):
                     r = client.get("/", encoding=enc)
                     samples.append(r.seconds * 1000)
                 tls = client.tls()
+                if enc == "gzip":
+                    self.r["by_cycle"] = self.by_cycle(client, enc)
                 client.close()
             finally:
                 srv.terminate()
@@ -346,6 +362,65 @@ class Run(ProcessRun):
             self.r["floor"][enc] = {"p50_ms": p50, "wire_bytes": len(raw), "tls": tls,
                                     "ratio": self.r["lists"][enc]["pods"]["p50_ms"] / p50}  # fmt: skip
             body_file.unlink()
+
+    def by_cycle(self, floor: Client, enc: str) -> dict:
+        """The list of every pod and its floor (``floor``: the bare server's client), taken in turn
+        wholly between two scrape cycles and wholly during one; per phase the samples, p50s and
+        their ratio. Skipped where the quiet cycles took under --by-cycle-min-seconds: a list then
+        rarely meets a cycle, and none fits in one."""
+        if self.r["cycle_wall_s"] < self.args.by_cycle_min_seconds:
+            return {"skipped": f"cycles of {self.r['cycle_wall_s']:.2f} s"}
+        out: dict = {}
+        for phase in ("between", "during"):
+            lists, floors = self.in_phase(phase, [
+                lambda: self.client.get(PODS_PATH, encoding=enc).seconds * 1000,
+                lambda: floor.get("/", encoding=enc).seconds * 1000,
+            ])  # fmt: skip
+            fig: dict = {"list_ms": [round(x, 1) for x in lists], "floor_ms": [round(x, 1) for x in floors]}
+            if lists and floors:
+                fig.update(list_p50_ms=statistics.median(lists), floor_p50_ms=statistics.median(floors),
+                           ratio=statistics.median(lists) / statistics.median(floors))  # fmt: skip
+            out[phase] = fig
+        log(f"{self.nodes} nodes: list all pods ({enc}) by scrape-cycle phase " + json.dumps(out))
+        return out
+
+    def in_phase(self, phase: str, calls: list[Callable[[], float]], max_cycles: int = 2) -> list[list[float]]:
+        """Up to --pod-requests results of each of ``calls`` (called in turn), each of a call that
+        ran wholly between two scrape cycles (``between``: from once a cycle has ended until no
+        other had begun) or wholly during one (``during``: from once a cycle has begun until it had
+        not yet ended), over at most ``max_cycles`` cycles."""
+        want = self.args.pod_requests
+        samples: list[list[float]] = [[] for _ in calls]
+        deadline = time.monotonic() + (max_cycles + 1) * self.args.resolution * 2
+        for _ in range(max_cycles):
+            if min(map(len, samples)) >= want:
+                break
+            prev = read_scrapes(self.client)
+            while True:  # the edge, polled every 50 ms: a cycle ends (between) or begins (during)
+                if self.server.poll() is not None:
+                    raise self.kcms_died()
+                if time.monotonic() > deadline:
+                    return samples
+                time.sleep(0.05)
+                now = read_scrapes(self.client)
+                if phase == "between" and now.cycles > prev.cycles:
+                    base = now.last_cycle_start  # the cycle that ended; none begins until the next
+                    break
+                if phase == "during" and now.last_cycle_start > prev.last_cycle_start:
+                    base = prev.cycles  # cycles completed before the one that began
+                    break
+                prev = now
+            in_phase = True
+            while in_phase and min(map(len, samples)) < want:
+                for call, got in zip(calls, samples, strict=True):
+                    ms = call()
+                    after = read_scrapes(self.client)
+                    if (after.last_cycle_start if phase == "between" else after.cycles) != base:
+                        in_phase = False  # a cycle began (between) or ended (during) before the call did
+                        break
+                    if len(got) < want:
+                        got.append(ms)
+        return samples
 
     # ---- 5. listing clients while collecting ------------------------------------------------------
 
@@ -479,6 +554,20 @@ def main() -> int:
         "--resolution", type=float, default=15.0, help="seconds (default 15; KCMS needs at least 10)"
     )
     ap.add_argument("--cycles", type=int, default=4, help="quiet scrape cycles measured for CPU (default 4)")
+    ap.add_argument(
+        "--by-cycle-min-seconds",
+        type=float,
+        default=0.5,
+        help="list all pods and its floor between and during scrape cycles where the quiet cycles "
+        "took at least this long (default 0.5)",
+    )
+    ap.add_argument(
+        "--settle-cycles",
+        type=int,
+        default=5,
+        help="scrape cycles KCMS completes after start before the quiet cycles begin (default 5: "
+        "every node's body template is made by then)",
+    )
     ap.add_argument("--requests", type=int, default=20, help="requests per node and HPA listing (default 20)")
     ap.add_argument(
         "--pod-requests", type=int, default=5, help="requests per all-pods listing and floor (default 5)"
@@ -532,6 +621,8 @@ def main() -> int:
     for flag in ("requests", "pod_requests", "cycles", "load_cycles"):
         if getattr(args, flag) < 1:  # each figure needs one sample; fail now rather than after minutes
             ap.error(f"argument --{flag.replace('_', '-')}: at least 1")
+    if args.settle_cycles < 0:
+        ap.error("argument --settle-cycles: at least 0")
     if args.resolution < 10:
         ap.error("argument --resolution: KCMS's --metric-resolution is at least 10 s")
 

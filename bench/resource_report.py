@@ -154,6 +154,17 @@ def rows(r: dict) -> list[tuple[str, str]]:
              _vs(_get(r, "lists", enc, "hpa", "p50_ms"), reference(n, "hpa_ms"), 1, "ms")
              + f", {_num(_get(r, 'lists', enc, 'hpa', 'items'), 0)} pods"),
         ]  # fmt: skip
+    by_cycle = r.get("by_cycle") or {}
+    for phase, label in (("between", "between scrape cycles"), ("during", "during a scrape cycle")):
+        if "skipped" in by_cycle:
+            cell = f"not measured ({by_cycle['skipped']})"
+        else:
+            f = by_cycle.get(phase) or {}
+            cell = (
+                f"{_num(_get(f, 'ratio'), 1)}x (list {_num(_get(f, 'list_p50_ms'), 0)} ms, floor "
+                f"{_num(_get(f, 'floor_p50_ms'), 0)} ms; {len(f.get('list_ms', []))} / {len(f.get('floor_ms', []))} samples)"
+            )
+        out.append((f"list all pods / socket-write floor, {label} (gzip)", cell))
     if r.get("history"):  # history.kcms.io (docs/history.md): the query latencies, gzip
         for key, what in (
             ("history_pod", "one pod"),
@@ -263,6 +274,9 @@ def raw_lines(r: dict) -> list[str]:
             f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
             f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x"
         )
+    for phase, f in (r.get("by_cycle") or {}).items():
+        if isinstance(f, dict):
+            out.append(f"  list all pods (gzip) {phase} scrape cycles: lists {f['list_ms']} ms, floor {f['floor_ms']} ms")
     if r.get("load"):
         ld = r["load"]
         out += [

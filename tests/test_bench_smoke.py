@@ -50,7 +50,7 @@ def _resource_pipeline(tmp_path: Path, *extra: str) -> subprocess.CompletedProce
 
 
 def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp_path: Path) -> None:
-    out = _resource_pipeline(tmp_path, "--nodes", "2,3", "--json", str(tmp_path / "r.json"))
+    out = _resource_pipeline(tmp_path, "--nodes", "2,3", "--settle-cycles", "3", "--by-cycle-min-seconds", "0", "--json", str(tmp_path / "r.json"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     # one Markdown column per size, every row filled for each
     table = [ln for ln in out.stdout.splitlines() if ln.startswith("| ")]
@@ -87,6 +87,11 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
         assert r["load"]["lists"] > 0 and r["load"]["cycles"] >= 2
         assert r["load"]["scrapes_failed"] + r["load"]["scrapes_succeeded"] >= r["nodes"] * 2
         assert r["cpu_mc_per_node"] > 0 and r["rss_mb_per_node"] > 0 and r["processes"] >= 1
+        assert r["quiet_from_cycle"] >= 3  # CPU measured once KCMS had settled (--settle-cycles)
+        # the list of every pod and its floor, taken wholly between two scrape cycles (a cycle of
+        # 2-3 nodes lasts milliseconds: one wholly during it is rare, and not asserted)
+        between = r["by_cycle"]["between"]
+        assert len(between["list_ms"]) == len(between["floor_ms"]) == 2 and between["ratio"] > 0, between
         assert 0 < r["t95_nodes_s"] <= r["t95_pods_s"]
 
 
