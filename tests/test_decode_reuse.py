@@ -261,6 +261,8 @@ async def test_the_collector_reuses_start_times_and_sees_a_restart(ca, caplog) -
         collector = Collector(StaticInventory(objects), client, stored.append, resolution=60.0, timeout=30.0)
         assert await collector.run_cycle() == 0
         assert client.decode_reuse.hits == 0 and len(client.decode_reuse) == 3
+        # the cycle's decodes were spread over turns of the loop for a third of the resolution
+        assert 0 < client.decode_turns.until - time.perf_counter() <= 60.0 / 3
         stored.clear()
         assert await collector.run_cycle() == 0
         assert client.decode_reuse.hits == 3  # every node's start times unchanged: reused

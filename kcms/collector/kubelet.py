@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio.sslproto
+import math
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,10 +13,17 @@ from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS, HTTPError, Keep
 from kcms.model import DecodeError, NodeBatch, NodeInfo
 from kcms.sources.decode_template import DEFAULT_TEMPLATES
 from kcms.sources.kubelet_decode import DecodeReuse, decode_resource_metrics, decode_summary
+from kcms.tasks import TurnBudget
 
 DEFAULT_ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
 ADDRESS_TYPES = frozenset(DEFAULT_ADDRESS_TYPES)
 ENDPOINTS = {"resource": "/metrics/resource", "summary": "/stats/summary"}
+# CPU a turn of the event loop may spend decoding kubelet bodies (~8 bodies of 30 pods here) before
+# the rest wait for a later turn (kcms.tasks.TurnBudget), for the first third of each cycle. With
+# 200 scrapes in flight a turn decoded up to 200 bodies: at 5000 nodes a list of every pod served
+# during a cycle took 8.0x its socket-write floor (1.9-2.3 s); with this, 3.7x and 3.9x (0.63-1.26
+# s) in two runs of bench/resource_pipeline.py, 27 Nov.
+DECODE_TURN_SECONDS = 0.005
 
 
 # asyncio gives every TLS connection a 256 KiB read buffer (SSLProtocol.max_size), allocated and
@@ -113,6 +122,10 @@ class KubeletClient:
             max_headers=config.max_headers,
         )
         self._seen: set[tuple[str, int]] = set()  # endpoints scraped since the last cycle began
+        # Bodies decoded (and stored) in one turn of the event loop: at most ~DECODE_TURN_SECONDS
+        # of them, so that a list served during a cycle is not left waiting behind up to
+        # max_in_flight decodes a turn (kcms.tasks.TurnBudget).
+        self.decode_turns = TurnBudget(DECODE_TURN_SECONDS)
 
     def _decode_resource(self, node: str, body: bytes) -> NodeBatch:
         return decode_resource_metrics(node, body, reuse=self.decode_reuse)
@@ -128,9 +141,12 @@ class KubeletClient:
         else:
             self._headers.pop("Authorization", None)
 
-    def start_cycle(self) -> None:
+    def start_cycle(self, spread_for: float = math.inf) -> None:
         """Called by the collector before each cycle: fresh credentials, and the connections of
-        kubelets not scraped in the last cycle (nodes gone) closed."""
+        kubelets not scraped in the last cycle (nodes gone) closed. For the cycle's first
+        ``spread_for`` seconds bodies are decoded at most DECODE_TURN_SECONDS a turn of the event
+        loop; after that, as they come (a cycle that long is behind: serving no longer slows it)."""
+        self.decode_turns.until = time.perf_counter() + spread_for
         self.refresh_credentials()
         self.decode_reuse.new_cycle()
         if self._seen:
@@ -165,6 +181,7 @@ class KubeletClient:
             raise ScrapeError(e.reason, f"{self.url(node)}: {e}") from None
         if status != 200:
             raise ScrapeError(f"http_{status}", f"{self.url(node)}: HTTP {status}")
+        await self.decode_turns.wait()
         try:
             if self._decode is not None:
                 return self._decode(node.name, body)

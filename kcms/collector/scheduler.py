@@ -139,7 +139,10 @@ class Collector:
         t0 = time.monotonic()
         self.last_cycle_started = t0
         LAST_CYCLE.set(time.time())
-        self.client.start_cycle()
+        # Decodes spread over turns of the loop for a third of the resolution at most: a cycle
+        # that has run longer is behind (spread over whole cycles, 5000-node cycles under two
+        # clients listing every pod took 8.4-13.9 s of the 15; quiet, ~3.7 s).
+        self.client.start_cycle(spread_for=self.resolution / 3)
         nodes = [n for n in self.inventory.nodes() if self.node_filter is None or self.node_filter(n)]
         seen = self._last_success
         self._last_success = {n.name: seen.get(n.name, t0) for n in nodes}  # nodes gone are forgotten
