@@ -21,8 +21,8 @@ ENDPOINTS = {"resource": "/metrics/resource", "summary": "/stats/summary"}
 # CPU a turn of the event loop may spend decoding kubelet bodies (~8 bodies of 30 pods here) before
 # the rest wait for a later turn (kcms.tasks.TurnBudget), for the first third of each cycle. With
 # 200 scrapes in flight a turn decoded up to 200 bodies: at 5000 nodes a list of every pod served
-# during a cycle took 8.0x its socket-write floor (1.9-2.3 s); with this, 3.7x and 3.9x (0.63-1.26
-# s) in two runs of bench/resource_pipeline.py, 27 Nov.
+# during a cycle took 8.0x its socket-write floor (1.9-2.3 s); with this, 3.9x (0.72-1.26 s;
+# bench/resource_pipeline.py, 27 Nov; 3.7x with a first version that polled instead of queueing).
 DECODE_TURN_SECONDS = 0.005
 
 
