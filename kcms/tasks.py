@@ -83,17 +83,19 @@ class TurnBudget:
 
     async def wait(self) -> None:
         while True:
+            now = self.clock()
+            if now > self.until:  # past the window: no turn is opened, nothing queued to end it
+                return
             if not self._open:
                 self._open = True
-                self._started = self.clock()
+                self._started = now
                 if self._loop is None:
                     self._loop = asyncio.get_running_loop()
                 if not self._ending:  # queued now, it runs in the next turn
                     self._ending = True
                     self._loop.call_soon(self._end_turn)
                 return
-            now = self.clock()
-            if now - self._started < self.seconds or now > self.until:
+            if now - self._started < self.seconds:
                 return
             self.deferred += 1
             assert self._loop is not None

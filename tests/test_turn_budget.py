@@ -71,6 +71,9 @@ async def test_past_its_window_a_budget_lets_every_step_run():
 
     await asyncio.gather(*(step(f"s{i}") for i in range(5)), other())
     assert order == ["s0", "s1", "s2", "s3", "s4", "other"] and budget.deferred == 0
+    # Past the window a step opens no turn, so none has to be ended by a callback in the next.
+    await budget.wait()
+    assert not budget._open and not budget._ending
 
 
 def test_the_kubelet_client_bounds_its_decodes_for_the_first_part_of_each_cycle():
@@ -82,6 +85,9 @@ def test_the_kubelet_client_bounds_its_decodes_for_the_first_part_of_each_cycle(
     assert before + 5.0 <= client.decode_turns.until <= time.perf_counter() + 5.0
     client.start_cycle()
     assert client.decode_turns.until == math.inf
+    client.decode_turns.clock = clock = Clock()  # the window is on the budget's own clock
+    client.start_cycle(spread_for=5.0)
+    assert client.decode_turns.until == clock.now + 5.0
 
 
 async def test_steps_released_and_then_cancelled_do_not_strand_the_queue():

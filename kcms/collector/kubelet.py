@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio.sslproto
 import math
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -146,7 +145,7 @@ class KubeletClient:
         kubelets not scraped in the last cycle (nodes gone) closed. For the cycle's first
         ``spread_for`` seconds bodies are decoded at most DECODE_TURN_SECONDS a turn of the event
         loop; after that, as they come (a cycle that long is behind: serving no longer slows it)."""
-        self.decode_turns.until = time.perf_counter() + spread_for
+        self.decode_turns.until = self.decode_turns.clock() + spread_for
         self.refresh_credentials()
         self.decode_reuse.new_cycle()
         if self._seen:
