@@ -7,8 +7,17 @@ import asyncio
 import math
 import time
 
-from kcms.collector.kubelet import DECODE_TURN_SECONDS, KubeletClient, KubeletClientConfig
-from kcms.tasks import TurnBudget
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from kcms.collector.kubelet import (
+    DECODE_TURN_SECONDS,
+    DECODE_TURN_SECONDS_STREAMING,
+    DECODES_DEFERRED,
+    KubeletClient,
+    KubeletClientConfig,
+)
+from kcms.tasks import LONG_STREAM_BYTES, STREAMS, ActiveStreams, TurnBudget
 
 
 class Clock:
@@ -40,6 +49,12 @@ async def test_steps_past_the_budget_wait_for_a_later_turn_behind_other_work():
     assert sorted(order[3:]) == ["s2", "s3", "s4"]
     # the next turn: s2 and s3 fit, s4 waits once more
     assert budget.deferred == 3 + 1
+    # the same again, counted by a metric
+    registry = CollectorRegistry()
+    budget = TurnBudget(0.5, clock, counter=Counter("steps_deferred", "steps deferred", registry=registry))
+    order.clear()
+    await asyncio.gather(*(step(f"s{i}", 0.25) for i in range(5)), other())
+    assert budget.deferred == registry.get_sample_value("steps_deferred_total") == 4
 
 
 async def test_a_turn_under_budget_defers_nothing():
@@ -111,3 +126,96 @@ async def test_steps_released_and_then_cancelled_do_not_strand_the_queue():
     rest = await asyncio.wait_for(asyncio.gather(*queued[8:]), timeout=5)
     assert rest == [None] * 4 and done == [0, 9, 10, 11, 12]
     assert all(t.cancelled() for t in released) and first.done()
+
+
+async def test_while_a_response_streams_a_turn_runs_fewer_steps():
+    # A list of every pod being streamed: each of its chunks waits behind one turn's steps, so the
+    # turn holds fewer of them (but always one: the cycle still advances).
+    clock, streams = Clock(), ActiveStreams()
+    budget = TurnBudget(0.5, clock, streams=streams, streaming_seconds=0.25)
+
+    async def turn_of(cost: float) -> list[str]:
+        order: list[str] = []
+
+        async def step(name: str) -> None:
+            await budget.wait()
+            order.append(name)
+            clock.now += cost
+
+        async def other() -> None:
+            order.append("chunk")
+
+        await asyncio.gather(*(step(f"s{i}") for i in range(4)), other())
+        return order
+
+    assert (await turn_of(0.25))[:3] == ["s0", "s1", "chunk"]  # nothing streams: 0.5 a turn
+    streams.count = 1
+    assert (await turn_of(0.25))[:2] == ["s0", "chunk"]  # 0.25 a turn
+    assert (await turn_of(1.0))[:2] == ["s0", "chunk"]  # a step over the budget still runs
+    streams.count = 0
+    assert (await turn_of(0.25))[:3] == ["s0", "s1", "chunk"]
+
+
+def test_the_kubelet_client_yields_more_to_streamed_responses():
+    client = KubeletClient(KubeletClientConfig())
+    assert client.decode_turns.streams is STREAMS
+    assert client.decode_turns.counter is DECODES_DEFERRED  # kcms_kubelet_decodes_deferred_total
+    assert client.decode_turns.streaming_seconds == DECODE_TURN_SECONDS_STREAMING < DECODE_TURN_SECONDS
+
+
+async def test_a_long_streamed_response_counts_while_it_streams_however_it_ends():
+    # A response counts once LONG_STREAM_BYTES of it were produced (the list of every pod, not
+    # that of 5000 nodes), and the count a kubelet client's decodes yield to drops back when it
+    # ends: whole, cut short by a client that leaves, or by a producer that fails.
+    import aiohttp
+    from aiohttp import web
+
+    from kcms.apiserver import responses
+
+    seen: list[int] = []
+    gone = asyncio.Event()
+
+    chunk = b"x" * (LONG_STREAM_BYTES // 8)
+
+    async def chunks(fail: bool):
+        for i in range(20):
+            seen.append(STREAMS.count)
+            if fail and i == 12:
+                raise RuntimeError("producer failed")
+            yield chunk
+            await asyncio.sleep(0.01)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            return await responses.stream_response(request, chunks(request.path == "/fail"))
+        finally:
+            gone.set()
+
+    app = web.Application()
+    app.router.add_get("/{kind}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/whole") as r:
+                assert len(await r.read()) == 20 * len(chunk)
+            # counted from the ninth chunk's production on (8 chunks are exactly the threshold)
+            assert seen == [0] * 9 + [1] * 11 and STREAMS.count == 0
+            for kind in ("leave", "fail"):
+                seen.clear()
+                gone.clear()
+                async with s.get(f"http://127.0.0.1:{port}/{kind}") as r:
+                    if kind == "leave":
+                        await r.content.readexactly(11 * len(chunk))  # then it leaves mid-body
+                        r.close()
+                    else:
+                        with pytest.raises(aiohttp.ClientPayloadError):  # the body is cut short
+                            await r.read()
+                await asyncio.wait_for(gone.wait(), 10)
+                assert seen[:10] == [0] * 9 + [1], kind  # it was counted before it ended
+                assert STREAMS.count == 0, kind
+    finally:
+        await runner.cleanup()

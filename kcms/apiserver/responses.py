@@ -17,6 +17,7 @@ from aiohttp import web
 
 from kcms.limits import printable
 from kcms.statusbody import status_object
+from kcms.tasks import LONG_STREAM_BYTES, STREAMS
 
 try:
     # ISA-L's deflate: a 36 MB pod list compressed in 27-29 ms at level 1 here, zlib's level 2 took
@@ -360,9 +361,15 @@ async def stream_response(
     resp = web.StreamResponse(status=200, headers=hdrs)
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[bytes] | None = None  # the previous chunk, being compressed
+    produced = 0  # bytes read from ``chunks`` until the response counts as long (then -1)
     try:
         await resp.prepare(request)
         async for chunk in chunks:
+            if produced >= 0:
+                produced += len(chunk)
+                if produced > LONG_STREAM_BYTES:  # from now on a scrape cycle's decodes yield more
+                    STREAMS.count += 1
+                    produced = -1
             if compressor is None:
                 await resp.write(chunk)
                 continue
@@ -392,6 +399,8 @@ async def stream_response(
         if request.transport is not None:
             request.transport.close()
     finally:
+        if produced < 0:
+            STREAMS.count -= 1
         if pending is not None:
             await asyncio.wait([pending])  # never leave the compressor in use by a thread
         aclose = getattr(chunks, "aclose", None)

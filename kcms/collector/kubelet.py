@@ -8,11 +8,13 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter
+
 from kcms.collector.http11 import MAX_HEADER_BYTES, MAX_HEADERS, HTTPError, KeepAlivePool
 from kcms.model import DecodeError, NodeBatch, NodeInfo
 from kcms.sources.decode_template import DEFAULT_TEMPLATES
 from kcms.sources.kubelet_decode import DecodeReuse, decode_resource_metrics, decode_summary
-from kcms.tasks import TurnBudget
+from kcms.tasks import STREAMS, TurnBudget
 
 DEFAULT_ADDRESS_TYPES = ("Hostname", "InternalDNS", "InternalIP", "ExternalDNS", "ExternalIP")
 ADDRESS_TYPES = frozenset(DEFAULT_ADDRESS_TYPES)
@@ -23,6 +25,16 @@ ENDPOINTS = {"resource": "/metrics/resource", "summary": "/stats/summary"}
 # during a cycle took 8.0x its socket-write floor (1.9-2.3 s); with this, 3.9x (0.72-1.26 s;
 # bench/resource_pipeline.py, 27 Nov; 3.7x with a first version that polled instead of queueing).
 DECODE_TURN_SECONDS = 0.005
+# ... and ~1 ms (one body or two) while a long response is being streamed (kcms.tasks.STREAMS: the
+# list of every pod). 5000 nodes, lists of every pod during a cycle: 2.7x and 2.3x their floor (p50
+# 857 and 737 ms) against 3.6x, 4.4x and 3.4x (1002, 906, 931 ms) with 5 ms throughout, in five
+# runs alternated (27 Nov 13:58-14:56); cycles under two listing clients 7.8-10.0 s against 7.4-11.2.
+DECODE_TURN_SECONDS_STREAMING = 0.001
+DECODES_DEFERRED = Counter(
+    "kcms_kubelet_decodes_deferred",
+    "Kubelet bodies whose decode waited for a later turn of the event loop: a turn decodes at "
+    "most ~5 ms of bodies (~1 ms while a large response streams) in the first third of a cycle.",
+)
 
 
 # asyncio gives every TLS connection a 256 KiB read buffer (SSLProtocol.max_size), allocated and
@@ -124,7 +136,12 @@ class KubeletClient:
         # Bodies decoded (and stored) in one turn of the event loop: at most ~DECODE_TURN_SECONDS
         # of them, so that a list served during a cycle is not left waiting behind up to
         # max_in_flight decodes a turn (kcms.tasks.TurnBudget).
-        self.decode_turns = TurnBudget(DECODE_TURN_SECONDS)
+        self.decode_turns = TurnBudget(
+            DECODE_TURN_SECONDS,
+            streams=STREAMS,
+            streaming_seconds=DECODE_TURN_SECONDS_STREAMING,
+            counter=DECODES_DEFERRED,
+        )
 
     def _decode_resource(self, node: str, body: bytes) -> NodeBatch:
         return decode_resource_metrics(node, body, reuse=self.decode_reuse)
