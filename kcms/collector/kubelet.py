@@ -32,8 +32,9 @@ DECODE_TURN_SECONDS = 0.005
 DECODE_TURN_SECONDS_STREAMING = 0.001
 DECODES_DEFERRED = Counter(
     "kcms_kubelet_decodes_deferred",
-    "Kubelet bodies whose decode waited for a later turn of the event loop: a turn decodes at "
-    "most ~5 ms of bodies (~1 ms while a large response streams) in the first third of a cycle.",
+    "Times a kubelet body's decode was put off to a later turn of the event loop (a body can be "
+    "put off more than once): in the first third of a cycle a turn decodes at most ~5 ms of "
+    "bodies, ~1 ms while a long response streams.",
 )
 
 
