@@ -8,6 +8,7 @@ import math
 import time
 
 import pytest
+from _http_helpers import serve_app
 from prometheus_client import CollectorRegistry, Counter
 
 from kcms.collector.kubelet import (
@@ -193,11 +194,7 @@ async def test_a_long_streamed_response_counts_while_it_streams_however_it_ends(
 
     app = web.Application()
     app.router.add_get("/{kind}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app, access_log=None)
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{port}/whole") as r:
