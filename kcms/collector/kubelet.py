@@ -26,9 +26,9 @@ ENDPOINTS = {"resource": "/metrics/resource", "summary": "/stats/summary"}
 # bench/resource_pipeline.py, 27 Nov; 3.7x with a first version that polled instead of queueing).
 DECODE_TURN_SECONDS = 0.005
 # ... and ~1 ms (one body or two) while a long response is being streamed (kcms.tasks.STREAMS: the
-# list of every pod). 5000 nodes, lists of every pod during a cycle: 2.7x and 2.3x their floor (p50
-# 857 and 737 ms) against 3.6x, 4.4x and 3.4x (1002, 906, 931 ms) with 5 ms throughout, in five
-# runs alternated (27 Nov 13:58-14:56); cycles under two listing clients 7.8-10.0 s against 7.4-11.2.
+# list of every pod). 5000 nodes, lists of every pod during a cycle: p50 857, 737 and 840 ms (2.7x,
+# 2.3x and 3.9x their floor) against 1002, 906 and 931 ms (3.6x, 4.4x, 3.4x) with 5 ms throughout,
+# in runs alternated (27 Nov 13:58-15:58); cycles under two listing clients 7.8-10.4 s against 7.4-11.2.
 DECODE_TURN_SECONDS_STREAMING = 0.001
 DECODES_DEFERRED = Counter(
     "kcms_kubelet_decodes_deferred",
