@@ -135,8 +135,9 @@ class KubeletClient:
         )
         self._seen: set[tuple[str, int]] = set()  # endpoints scraped since the last cycle began
         # Bodies decoded (and stored) in one turn of the event loop: at most ~DECODE_TURN_SECONDS
-        # of them, so that a list served during a cycle is not left waiting behind up to
-        # max_in_flight decodes a turn (kcms.tasks.TurnBudget).
+        # of them (DECODE_TURN_SECONDS_STREAMING while a long response streams), so that a list
+        # served during a cycle is not left waiting behind up to max_in_flight decodes a turn
+        # (kcms.tasks.TurnBudget).
         self.decode_turns = TurnBudget(
             DECODE_TURN_SECONDS,
             streams=STREAMS,
@@ -162,7 +163,8 @@ class KubeletClient:
         """Called by the collector before each cycle: fresh credentials, and the connections of
         kubelets not scraped in the last cycle (nodes gone) closed. For the cycle's first
         ``spread_for`` seconds bodies are decoded at most DECODE_TURN_SECONDS a turn of the event
-        loop; after that, as they come (a cycle that long is behind: serving no longer slows it)."""
+        loop (DECODE_TURN_SECONDS_STREAMING while a long response streams); after that, as they
+        come (a cycle that long is behind: serving no longer slows it)."""
         self.decode_turns.until = self.decode_turns.clock() + spread_for
         self.refresh_credentials()
         self.decode_reuse.new_cycle()
