@@ -85,7 +85,15 @@ def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
     renderer = blocks.NodeBlocks(render.ListRenderer(inv))
     t = START
     lists = 0
+    # the store's log of changed nodes holds every node whose token changed (rendering ahead
+    # looks at those alone)
+    version, tokens = store.pod_block_changes(0)[0], dict(store.pod_blocks())
     for op in [*ops, ("list",)]:
+        now_tokens = dict(store.pod_blocks())
+        version, changed = store.pod_block_changes(version)
+        assert changed is not None
+        assert {node for node, token in now_tokens.items() if tokens.get(node) is not token} <= set(changed)
+        tokens = now_tokens
         if op[0] == "scrape":
             t += 15.0
             store.store(scrape(NODES[op[1]], op[2], op[3], t))
@@ -213,17 +221,35 @@ def test_the_change_log_is_bounded_and_says_when_it_no_longer_reaches_back():
     from kcms.kube import Informer
     from kcms.kube import informer as informer_module
 
+    cap = informer_module.CHANGE_LOG
     inf = Informer(None, "/api/v1/pods", lambda o: o, lambda p: (p.namespace, p.name), nested=True)  # type: ignore[arg-type]
     assert inf.changes_since(0) == (0, [])
-    for i in range(informer_module.CHANGE_LOG + 10):
+    for i in range(2 * cap + 1):
         inf._put(pod_info("ns", f"p{i % 100}", {}))  # noqa: SLF001 - what a watch event does
-    version = informer_module.CHANGE_LOG + 10
-    assert inf.changes_since(0) == (version, None)  # the first ten changes were dropped
-    assert inf.changes_since(9) == (version, None)
-    _, keys = inf.changes_since(10)
-    assert len(keys) == informer_module.CHANGE_LOG and keys[-1] == ("ns", f"p{(version - 1) % 100}")
+    version = 2 * cap + 1
+    assert len(inf._changes) == cap  # noqa: SLF001 - past twice its capacity the log keeps the last cap
+    assert inf.changes_since(0) == (version, None)  # the oldest cap + 1 changes were dropped
+    assert inf.changes_since(cap) == (version, None)
+    _, keys = inf.changes_since(cap + 1)
+    assert len(keys) == cap and keys[-1] == ("ns", f"p{(version - 1) % 100}")
     inf._remove_key(("ns", "p5"))  # noqa: SLF001
     assert inf.changes_since(version) == (version + 1, [("ns", "p5")])
+    assert inf.changes_since(version + 2) == (version + 1, None)  # a version it never gave
+
+
+def test_change_log_reset_and_trim():
+    from kcms.changelog import ChangeLog
+
+    log: ChangeLog[str] = ChangeLog(2)
+    for key in "abcd":
+        log.add(key)
+    assert log.since(0) == (4, ["a", "b", "c", "d"]) and log.since(3) == (4, ["d"])
+    log.add("e")  # five held would be over twice the capacity: the oldest three go
+    assert log.since(2) == (5, None) and log.since(3) == (5, ["d", "e"])
+    log.reset()
+    assert log.since(5) == (6, None) and log.since(6) == (6, [])
+    log.add("f")
+    assert log.since(6) == (7, ["f"])
 
 
 # ---- rendering ahead ------------------------------------------------------------------------------
@@ -275,6 +301,36 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often
     await asyncio.sleep(1.5)  # three periods of the background step
     assert rendered("ahead") == ahead
     assert b'"changed"' in await listed() and rendered("on_list") == on_list + 2
+
+
+async def test_rendering_ahead_checks_every_node_when_the_stores_log_no_longer_reaches_back(monkeypatch):
+    """Rendering ahead follows the store's log of changed nodes; when more nodes changed between
+    two steps than the log holds, it checks every node instead, and still misses none."""
+    from _kube_helpers import eventually
+
+    from kcms.store import resource
+
+    monkeypatch.setattr(resource, "NODE_CHANGE_LOG", 1)  # the log holds one or two writes
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    t = START
+    for t in (START, START + 15):
+        for n, node in enumerate(NODES):
+            store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t))
+    for pause in (1.5, 0):  # two lists 1.5 s apart: render ahead for the next 3 s
+        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+        await asyncio.sleep(pause)
+    ahead = rendered("ahead")
+    for n, node in enumerate(NODES):  # three writes before the next step: over the log's reach
+        store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t + 15))
+    assert store.pod_block_changes(renderer._changes_seen)[1] is None  # noqa: SLF001
+    await eventually(lambda: rendered("ahead") - ahead == 3)
+    on_list = rendered("on_list")
+    body = await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+    assert rendered("on_list") == on_list and body == reference(store, inv, time.monotonic())[0]
 
 
 async def test_lists_further_apart_than_a_resolution_never_render_ahead():

@@ -67,8 +67,11 @@ def store_both(
     plain.columns = None
     assert batch == plain
     before = refused()
+    token, version = a.pod_block(node, 0.0), a.pod_block_changes(0)[0]
     a.store(batch, received=0.0)
     mid = refused()
+    # a new token for the node's pods, and the log of changed nodes says so (rendering ahead reads it)
+    assert a.pod_block(node, 0.0) is not token and node in (a.pod_block_changes(version)[1] or ())
     b.store(plain, received=0.0)
     after = refused()
     assert {r: mid[r] - before[r] for r in REASONS} == {r: after[r] - mid[r] for r in REASONS}

@@ -23,14 +23,13 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from itertools import islice
 from typing import Any, Generic, TypeVar
 
 import aiohttp
 from prometheus_client import Counter
 
+from kcms.changelog import ChangeLog
 from kcms.kube.client import KubeAPIError, KubeClient
 from kcms.kube.objects import Bad, WireCodec
 from kcms.limits import printable
@@ -40,7 +39,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Keys an informer's change log keeps (changes_since): a reader further behind checks everything.
+# Changes an informer's log keeps at least (changes_since; at most twice as many): a reader
+# further behind checks everything.
 CHANGE_LOG = 65536
 
 SKIPPED = Counter(
@@ -103,12 +103,8 @@ class Informer(Generic[T]):
         self._index: dict[Hashable, dict[Hashable, T]] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        # Change log: the keys put or removed since the last full list, oldest first, at most
-        # CHANGE_LOG entries. ``version`` counts changes; ``_log_floor`` is the version before the
-        # oldest logged one (a relist, or keys dropped from a full log, move it up).
-        self.version = 0
-        self._log: deque[Hashable] = deque()
-        self._log_floor = 0
+        # The keys put or removed since the last full list (changes_since).
+        self._changes: ChangeLog[Hashable] = ChangeLog(CHANGE_LOG)
 
     # ---- reading ----------------------------------------------------------------------------------
     def has_synced(self) -> bool:
@@ -137,21 +133,16 @@ class Informer(Generic[T]):
     def __len__(self) -> int:
         return self._count if self._nested else len(self._items)
 
+    @property
+    def version(self) -> int:
+        """Changes so far (a relist counts as one): what :meth:`changes_since` takes."""
+        return self._changes.version
+
     def changes_since(self, version: int) -> tuple[int, list[Hashable] | None]:
         """``(version now, keys put or removed after ``version``)``; the keys are None when the log
-        no longer reaches back that far (a relist, or more than :data:`CHANGE_LOG` changes): then
-        anything may have changed. A key may appear more than once."""
-        if version < self._log_floor:
-            return self.version, None
-        return self.version, list(islice(self._log, version - self._log_floor, None))
-
-    def _log_change(self, key: Hashable) -> None:
-        self.version += 1
-        log_ = self._log
-        log_.append(key)
-        if len(log_) > CHANGE_LOG:
-            log_.popleft()
-            self._log_floor += 1
+        no longer reaches back that far (a relist, or more than :data:`CHANGE_LOG` changes since):
+        then anything may have changed. A key may appear more than once."""
+        return self._changes.since(version)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -237,9 +228,7 @@ class Informer(Generic[T]):
         self._items = items
         self._count = count
         self._rebuild_index()
-        self.version += 1  # everything may have changed
-        self._log.clear()
-        self._log_floor = self.version
+        self._changes.reset()  # everything may have changed
         self.last_resource_version = rv
         self.relists += 1
         self._skipped(bad, "list")
@@ -291,7 +280,7 @@ class Informer(Generic[T]):
 
     def _put(self, value: T) -> None:
         k = self.key(value)
-        self._log_change(k)
+        self._changes.add(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is None:
@@ -311,7 +300,7 @@ class Informer(Generic[T]):
         self._remove_key(self.key(value))
 
     def _remove_key(self, k: Hashable) -> None:
-        self._log_change(k)
+        self._changes.add(k)
         if self._nested:
             inner = self._items.get(k[0])  # type: ignore[index]
             if inner is not None and inner.pop(k[1], None) is not None:  # type: ignore[index]

@@ -66,6 +66,10 @@ class PodBlocks(Protocol):
 
     def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]: ...
 
+    def pod_block(self, node: str, now: float) -> object | None: ...
+
+    def pod_block_changes(self, since: int) -> tuple[int, list[str] | None]: ...
+
     def pod_node(self, namespace: str, name: str) -> str: ...
 
     def node_pod_rates(
@@ -109,6 +113,10 @@ class NodeBlocks:
         # them a completed list has checked every block pod by pod against the inventory.
         self._relists = 0
         self._checked_relists = -1
+        # Rendering ahead looks only at the nodes the store says changed (pod_block_changes) since
+        # this version, and at those whose blocks the inventory's changes dropped: ``_pending``.
+        self._changes_seen = -1
+        self._pending: dict[str, None] = {}
         self._last_all_pods = -1e9  # monotonic time the last list started
         self._prerender_until = 0.0  # render ahead until then (monotonic)
         self._prerender_store: PodBlocks | None = None
@@ -127,6 +135,7 @@ class NodeBlocks:
         """The items (in chunks of about :data:`BLOCK_CHUNK_BYTES`) of every Running pod that has
         usage in ``store``, node by node (see the module docstring)."""
         started = self._list_started = time.monotonic()
+        changes_at_start, _ = store.pod_block_changes(self._changes_seen)  # this list checks every node
         blocks = self._blocks
         lookup = self.inventory.pod
         self._apply_inventory_changes(store)
@@ -169,8 +178,10 @@ class NodeBlocks:
             if first:
                 pieces[0] = pieces[0][1:]
             yield b"".join(pieces)
-        # Every block was checked (a list cut short, or a relist meanwhile, leaves the next to it).
+        # Every block was checked (a list cut short, or a relist meanwhile, leaves the next to it),
+        # and rendered as of the store's changes at the start.
         self._checked_relists = relists
+        self._changes_seen = changes_at_start
         if len(blocks) > 2 * len(seen) + BLOCKS_SLACK:
             for node in blocks.keys() - set(seen):
                 del blocks[node]
@@ -190,8 +201,11 @@ class NodeBlocks:
             return
         blocks = self._blocks
         owner = store.pod_node
+        pending = self._pending
         for namespace, name in changed:
-            blocks.pop(owner(namespace, name), None)
+            node = owner(namespace, name)
+            if blocks.pop(node, None) is not None:
+                pending[node] = None  # rendered again ahead (or by the next list)
 
     # -- rendering ahead -----------------------------------------------------------------------
     # At 15 s resolution a node's readings change every 15 s, so a list a scrape cycle after the
@@ -228,14 +242,16 @@ class NodeBlocks:
             loop = asyncio.get_running_loop()
             self._release_handle = loop.call_later(self.release_after, self._release)
             return
+        self._pending.clear()
         if self._blocks:
             self._blocks = {}
             self.releases += 1
             trim_heap()
 
     def _prerender_step(self) -> None:
-        """Render stale blocks worth about :data:`SLICE` pods; come back at once while there are
-        more, after :data:`PRERENDER_PERIOD` when none are left."""
+        """Render stale blocks worth about :data:`SLICE` pods, of the nodes changed since the last
+        step; come back at once while there are more, after :data:`PRERENDER_PERIOD` when none
+        are left."""
         self._prerender_handle = None
         store = self._prerender_store
         now = time.monotonic()
@@ -243,19 +259,26 @@ class NodeBlocks:
             self._prerender_store = None
             return
         self._apply_inventory_changes(store)  # the dropped blocks are rendered again below
+        version, changed = store.pod_block_changes(self._changes_seen)
+        self._changes_seen = version
+        if changed is None:  # the store's log no longer reaches back: check every node
+            changed = [node for node, _ in store.pod_blocks(now)]
+        pending = self._pending
+        pending.update(dict.fromkeys(changed))
         blocks = self._blocks
+        token_of = store.pod_block
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
         budget = SLICE
-        for node, token in store.pod_blocks(now):
+        while pending and budget > 0:
+            node = pending.popitem()[0]  # the newest first: O(1), where the oldest would not be
+            token = token_of(node, now)
             block = blocks.get(node)
-            if block is None or block.token is not token:
+            if token is not None and (block is None or block.token is not token):
                 block = blocks[node] = self._node_block(node, token, store, usage_text)
                 _AHEAD.inc()
                 budget -= len(block.infos) + 1
-                if budget <= 0:
-                    break
         loop = asyncio.get_running_loop()
-        self._prerender_handle = loop.call_later(0 if budget <= 0 else PRERENDER_PERIOD, self._prerender_step)
+        self._prerender_handle = loop.call_later(0 if pending else PRERENDER_PERIOD, self._prerender_step)
 
     def _node_block(self, node: str, token: object, store: PodBlocks, text: UsageText) -> _NodeBlock:
         """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the renderer's
