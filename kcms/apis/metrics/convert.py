@@ -8,7 +8,7 @@ import time
 from kcms.model import NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
 from kcms.sources.bounds import MAX_SERVED_TIMESTAMP, MIN_SERVED_TIMESTAMP
-from kcms.store.resource import PodUsage, Usage
+from kcms.store.usage import PodUsage, Usage
 
 GROUP = "metrics.k8s.io"
 VERSION = "v1beta1"

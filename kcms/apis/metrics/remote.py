@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from kcms.store.cluster import StoreCluster
-from kcms.store.resource import PodUsage, Usage
+from kcms.store.usage import PodUsage, Usage
 
 
 class ResourceSnapshot:

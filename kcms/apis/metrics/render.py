@@ -44,7 +44,7 @@ from kcms.apis.metrics.convert import API_VERSION, TimeFormatter, go_duration
 from kcms.apiserver.responses import list_body_response
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
-from kcms.store.resource import PodUsage, Usage
+from kcms.store.usage import PodUsage, Usage
 
 # Items rendered between two yields to the event loop, and the items of one chunk of a streamed
 # body (~190 KB of pods): ~1 ms of work from the cache, ~8 ms when every usage is new.
