@@ -1,7 +1,6 @@
 """Scrape starts are staggered as metrics-server staggers its fetches (up to 8 ms a node, at most
 4 s), from the third cycle on, each node by a delay fixed by its name (so each node is still read
-once a resolution) and rounded to a tick (the nodes of a tick start together); the first two
-cycles, which make nodes servable after a start, are not."""
+once a resolution); the first two cycles, which make nodes servable after a start, are not."""
 
 from __future__ import annotations
 
@@ -21,16 +20,15 @@ from kcms.sim import SimulatedCluster
 def test_delays_are_fixed_by_name_spread_over_the_window_and_bounded():
     names = [f"node-{i:05d}" for i in range(5000)]
     memo: dict[str, float] = {}
-    tick = scheduler.STAGGER_TICK
     delays = start_delays(names, 4.0, memo)
     assert all(0 <= d < 4.0 for d in delays)
-    assert all(abs(d / tick - round(d / tick)) < 1e-9 for d in delays)  # whole ticks: started together
     assert start_delays(list(reversed(names)), 4.0, memo) == list(reversed(delays))  # fixed by name
-    # uniform enough: every tenth of the window (four ticks) holds 8-12 % of the nodes, and so
-    # does each scrape worker's share (CRC32 of the name mod 2), so no worker's nodes bunch up
+    assert start_delays(names, 2.0, {}) == [d / 2 for d in delays]
+    # uniform enough: every tenth of the window holds 8-12 % of the nodes, and so does each
+    # scrape worker's share (CRC32 of the name mod 2), so no worker's nodes bunch up
     for share in (names, [n for n in names if zlib.crc32(n.encode()) % 2 == 0]):
-        ticks = [round(x / tick) for x in start_delays(share, 4.0, {})]
-        counts = [sum(1 for t in ticks if t // 4 == k) for k in range(10)]
+        d = start_delays(share, 4.0, {})
+        counts = [sum(1 for x in d if k * 0.4 <= x < (k + 1) * 0.4) for k in range(10)]
         assert all(0.08 * len(share) <= c <= 0.12 * len(share) for c in counts), counts
     # the memo holds only the names of the last call: nodes that left are forgotten
     start_delays(names[:10], 4.0, memo)

@@ -48,20 +48,15 @@ FIRST_RESCRAPE_DELAY = 2.0
 # fetches (up to 8 ms a node, at most 4 s). metrics-server draws the delay at random each cycle;
 # here it is fixed by the node's name, so every node is still read exactly once a resolution. The
 # point here is the event loop, not the network: a 5000-node cycle unstaggered kept it busy for
-# ~2 s at a stretch (every body arriving at once), during which a list waited its turn. Delays
-# are whole STAGGER_TICKs and the nodes of one tick start together: started one by one (a
-# millisecond apart at 5000 nodes), each scrape woke the loop on its own, and a quiet cycle took
-# 2.4 s of CPU instead of 1.8-1.9.
+# ~2 s at a stretch (every body arriving at once), during which a list waited its turn.
 STAGGER_PER_NODE = 0.008
 MAX_STAGGER = 4.0
-STAGGER_TICK = 0.1
 
 
 def start_delays(names: Sequence[str], stagger: float, memo: dict[str, float]) -> list[float]:
     """Each node's delay from the start of a cycle: a fixed fraction of ``stagger`` by its name
     (the first four bytes of its BLAKE2b hash: uniform, and unrelated to the CRC32 that shares
-    nodes among scrape workers), rounded down to a whole :data:`STAGGER_TICK`. ``memo`` keeps
-    the fractions; names not asked for are dropped."""
+    nodes among scrape workers). ``memo`` keeps the fractions; names not asked for are dropped."""
     fractions = {}
     for name in names:
         fraction = memo.get(name)
@@ -70,8 +65,7 @@ def start_delays(names: Sequence[str], stagger: float, memo: dict[str, float]) -
         fractions[name] = fraction
     memo.clear()
     memo.update(fractions)
-    tick = STAGGER_TICK
-    return [(fractions[name] * stagger // tick) * tick for name in names]
+    return [fractions[name] * stagger for name in names]
 
 
 class Collector:
@@ -182,11 +176,8 @@ class Collector:
         # as soon as they can: not staggered.
         stagger = min(STAGGER_PER_NODE * len(nodes), MAX_STAGGER) if self.cycles >= 2 else 0.0
         delays = start_delays([n.name for n in nodes], stagger, self._delay_fractions)
-        ticks: dict[float, list[NodeInfo]] = {}
-        for node, delay in zip(nodes, delays, strict=True):
-            ticks.setdefault(delay, []).append(node)
-        results = await asyncio.gather(*(self._scrape_tick(delay, group) for delay, group in ticks.items()))
-        failures = sum(result.count(False) for result in results)
+        results = await asyncio.gather(*map(self._scrape_one, nodes, delays))
+        failures = results.count(False)
         elapsed = time.monotonic() - t0
         CYCLE_DURATION.observe(elapsed)
         self.cycles += 1
@@ -198,14 +189,9 @@ class Collector:
         log.debug("scrape cycle: %d nodes, %d failed, %.3fs", len(nodes), failures, elapsed)
         return failures
 
-    async def _scrape_tick(self, delay: float, nodes: list[NodeInfo]) -> list[bool]:
-        """Scrape ``nodes`` together once ``delay`` seconds have passed (their timeouts start then,
-        as in metrics-server)."""
+    async def _scrape_one(self, node: NodeInfo, delay: float = 0.0) -> bool:
         if delay > 0:
-            await asyncio.sleep(delay)
-        return await asyncio.gather(*map(self._scrape_one, nodes))
-
-    async def _scrape_one(self, node: NodeInfo) -> bool:
+            await asyncio.sleep(delay)  # the timeout starts after it, as in metrics-server
         async with self._semaphore:
             t0 = time.monotonic()
             try:
