@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from hashlib import blake2b
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -43,29 +42,6 @@ MISSING = Gauge(
 # After the first cycle, the next one comes this soon, so that every node has two readings
 # (and so a rate) within seconds of start rather than after two whole resolutions.
 FIRST_RESCRAPE_DELAY = 2.0
-# From the third cycle on, each node's scrape starts after a delay of its own within the first
-# min(STAGGER_PER_NODE * nodes, MAX_STAGGER) seconds of the cycle, as metrics-server staggers its
-# fetches (up to 8 ms a node, at most 4 s). metrics-server draws the delay at random each cycle;
-# here it is fixed by the node's name, so every node is still read exactly once a resolution. The
-# point here is the event loop, not the network: a 5000-node cycle unstaggered kept it busy for
-# ~2 s at a stretch (every body arriving at once), during which a list waited its turn.
-STAGGER_PER_NODE = 0.008
-MAX_STAGGER = 4.0
-
-
-def start_delays(names: Sequence[str], stagger: float, memo: dict[str, float]) -> list[float]:
-    """Each node's delay from the start of a cycle: a fixed fraction of ``stagger`` by its name
-    (the first four bytes of its BLAKE2b hash: uniform, and unrelated to the CRC32 that shares
-    nodes among scrape workers). ``memo`` keeps the fractions; names not asked for are dropped."""
-    fractions = {}
-    for name in names:
-        fraction = memo.get(name)
-        if fraction is None:
-            fraction = int.from_bytes(blake2b(name.encode(), digest_size=4).digest(), "big") / 2**32
-        fractions[name] = fraction
-    memo.clear()
-    memo.update(fractions)
-    return [fractions[name] * stagger for name in names]
 
 
 class Collector:
@@ -101,7 +77,6 @@ class Collector:
         # (a node that never answered counts as missing one resolution after it appeared)
         self._last_success: dict[str, float] = {}
         self.status = ScrapeStatus()  # per node: last success, last error, failures in a row
-        self._delay_fractions: dict[str, float] = {}  # start_delays()' memo
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -172,11 +147,7 @@ class Collector:
         seen = self._last_success
         self._last_success = {n.name: seen.get(n.name, t0) for n in nodes}  # nodes gone are forgotten
         self.status.retain(self._last_success)
-        # The first two cycles (the second two seconds after the first) make every node servable
-        # as soon as they can: not staggered.
-        stagger = min(STAGGER_PER_NODE * len(nodes), MAX_STAGGER) if self.cycles >= 2 else 0.0
-        delays = start_delays([n.name for n in nodes], stagger, self._delay_fractions)
-        results = await asyncio.gather(*map(self._scrape_one, nodes, delays))
+        results = await asyncio.gather(*(self._scrape_one(n) for n in nodes))
         failures = results.count(False)
         elapsed = time.monotonic() - t0
         CYCLE_DURATION.observe(elapsed)
@@ -189,9 +160,7 @@ class Collector:
         log.debug("scrape cycle: %d nodes, %d failed, %.3fs", len(nodes), failures, elapsed)
         return failures
 
-    async def _scrape_one(self, node: NodeInfo, delay: float = 0.0) -> bool:
-        if delay > 0:
-            await asyncio.sleep(delay)  # the timeout starts after it, as in metrics-server
+    async def _scrape_one(self, node: NodeInfo) -> bool:
         async with self._semaphore:
             t0 = time.monotonic()
             try:
