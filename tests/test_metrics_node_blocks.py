@@ -298,7 +298,7 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often
     await asyncio.sleep(5.5)
     ahead = rendered("ahead")
     store.store(scrape("n1", {1, 4, 7}, 2, t + 15))
-    await asyncio.sleep(1.5)  # three periods of the background step
+    await asyncio.sleep(1.5)  # many periods of the background step
     assert rendered("ahead") == ahead
     assert b'"changed"' in await listed() and rendered("on_list") == on_list + 2
 
