@@ -333,6 +333,30 @@ async def test_rendering_ahead_checks_every_node_when_the_stores_log_no_longer_r
     assert rendered("on_list") == on_list and body == reference(store, inv, time.monotonic())[0]
 
 
+async def test_rendering_ahead_looks_often_while_scrapes_come_and_backs_off_between_cycles():
+    """Every PRERENDER_PERIOD while nodes change, so blocks are ready soon after their scrape; twice
+    as late after each look that found nothing, up to PRERENDER_IDLE_PERIOD between cycles."""
+    from _kube_helpers import eventually
+
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    t = START
+    for t in (START, START + 15):
+        store.store(scrape("n0", set(range(8)), 1, t))
+    for pause in (2.5, 0):  # two lists 2.5 s apart: render ahead for the next 5 s
+        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+        await asyncio.sleep(pause)
+    period = lambda: renderer._prerender_period  # noqa: E731, SLF001
+    await eventually(lambda: period() == blocks.PRERENDER_IDLE_PERIOD)  # nothing scraped: backed off
+    ahead = rendered("ahead")
+    store.store(scrape("n0", set(range(8)), 1, t + 15))
+    await eventually(lambda: rendered("ahead") == ahead + 1)
+    assert period() == blocks.PRERENDER_PERIOD  # a node changed: looking often again
+
+
 async def test_lists_further_apart_than_a_resolution_never_render_ahead():
     inv = MutableInventory()
     for namespace, name in PODS:

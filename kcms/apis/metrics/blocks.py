@@ -39,13 +39,15 @@ from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
 BLOCK_CHUNK_BYTES = 1 << 20
 # Blocks are rendered ahead while all-pods lists come at most this many seconds apart (the
 # resolution: rendering a node once per scrape then costs what the lists would spend anyway),
-# looking for stale ones every PRERENDER_PERIOD seconds (see NodeBlocks._keep_rendering). A look
-# costs only the nodes scraped since the last (the store's change log), so it can come often:
-# blocks are then ready soon after each scrape, and a list during a 5000-node cycle finds fewer to
-# render itself (lists during a cycle p50 456 and 497 ms, against 661-800 ms with 0.5 s: five runs
-# of bench/resource_pipeline.py --nodes 5000, 27 Nov).
+# looking for stale ones every PRERENDER_PERIOD seconds while scrapes come, backing off to
+# PRERENDER_IDLE_PERIOD between cycles (see NodeBlocks._keep_rendering). A look costs only the
+# nodes scraped since the last (the store's change log), so it can come often: blocks are then
+# ready soon after each scrape, and a list during a 5000-node cycle finds fewer to render itself
+# (lists during a cycle p50 456 and 497 ms, against 661-800 ms looking every 0.5 s: seven runs of
+# bench/resource_pipeline.py --nodes 5000, 27 Nov).
 PRERENDER_WITHIN = 15.0
 PRERENDER_PERIOD = 0.05
+PRERENDER_IDLE_PERIOD = 0.5
 # Blocks of nodes no longer in the store are dropped once they are this many beyond twice the
 # nodes listed.
 BLOCKS_SLACK = 100
@@ -125,6 +127,7 @@ class NodeBlocks:
         self._prerender_until = 0.0  # render ahead until then (monotonic)
         self._prerender_store: PodBlocks | None = None
         self._prerender_handle: asyncio.TimerHandle | None = None
+        self._prerender_period = PRERENDER_PERIOD  # doubled after each look that found nothing
         # seconds without a list after which the blocks are dropped (RELEASE_AFTER_RESOLUTIONS)
         self.release_after = RELEASE_AFTER_RESOLUTIONS * (prerender_within or PRERENDER_WITHIN)
         self._release_handle: asyncio.TimerHandle | None = None
@@ -255,7 +258,8 @@ class NodeBlocks:
     def _prerender_step(self) -> None:
         """Render stale blocks worth about :data:`SLICE` pods, of the nodes changed since the last
         step; come back at once while there are more, after :data:`PRERENDER_PERIOD` when none
-        are left."""
+        are left, and twice as late each time a step found none changed (up to
+        :data:`PRERENDER_IDLE_PERIOD`: between scrape cycles)."""
         self._prerender_handle = None
         store = self._prerender_store
         now = time.monotonic()
@@ -273,6 +277,8 @@ class NodeBlocks:
         token_of = store.pod_block
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
         budget = SLICE
+        period = PRERENDER_PERIOD if pending else min(2 * self._prerender_period, PRERENDER_IDLE_PERIOD)
+        self._prerender_period = period
         while pending and budget > 0:
             node = pending.popitem()[0]  # the newest first: O(1), where the oldest would not be
             token = token_of(node, now)
@@ -282,7 +288,7 @@ class NodeBlocks:
                 _AHEAD.inc()
                 budget -= len(block.infos) + 1
         loop = asyncio.get_running_loop()
-        self._prerender_handle = loop.call_later(0 if pending else PRERENDER_PERIOD, self._prerender_step)
+        self._prerender_handle = loop.call_later(0 if pending else period, self._prerender_step)
 
     def _node_block(self, node: str, token: object, store: PodBlocks, text: UsageText) -> _NodeBlock:
         """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the renderer's
