@@ -303,6 +303,28 @@ async def test_blocks_of_scraped_nodes_are_rendered_ahead_while_lists_come_often
     assert b'"changed"' in await listed() and rendered("on_list") == on_list + 2
 
 
+def scrape_all(store: ResourceStore, t: float) -> None:
+    """A scrape of each of NODES at ``t``, each with its third of PODS."""
+    for n, node in enumerate(NODES):
+        store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t))
+
+
+async def rendering_ahead_for(seconds: float) -> tuple[MutableInventory, ResourceStore, blocks.NodeBlocks]:
+    """NODES scraped twice, then two lists of every pod ``seconds / 2`` apart: rendering ahead
+    runs for the next ``seconds``."""
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=seconds)
+    for t in (START, START + 15):
+        scrape_all(store, t)
+    for pause in (seconds / 2, 0):
+        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+        await asyncio.sleep(pause)
+    return inv, store, renderer
+
+
 async def test_rendering_ahead_checks_every_node_when_the_stores_log_no_longer_reaches_back(monkeypatch):
     """Rendering ahead follows the store's log of changed nodes; when more nodes changed between
     two steps than the log holds, it checks every node instead, and still misses none."""
@@ -311,21 +333,9 @@ async def test_rendering_ahead_checks_every_node_when_the_stores_log_no_longer_r
     from kcms.store import resource
 
     monkeypatch.setattr(resource, "NODE_CHANGE_LOG", 1)  # the log holds one or two writes
-    inv = MutableInventory()
-    for namespace, name in PODS:
-        inv.put_pod(pod_info(namespace, name, {}))
-    store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
-    t = START
-    for t in (START, START + 15):
-        for n, node in enumerate(NODES):
-            store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t))
-    for pause in (1.5, 0):  # two lists 1.5 s apart: render ahead for the next 3 s
-        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
-        await asyncio.sleep(pause)
+    inv, store, renderer = await rendering_ahead_for(3.0)
     ahead = rendered("ahead")
-    for n, node in enumerate(NODES):  # three writes before the next step: over the log's reach
-        store.store(scrape(node, {i for i in range(8) if i % 3 == n}, 2, t + 15))
+    scrape_all(store, START + 30)  # three writes before the next step: over the log's reach
     assert store.pod_block_changes(renderer._changes_seen)[1] is None  # noqa: SLF001
     await eventually(lambda: rendered("ahead") - ahead == 3)
     on_list = rendered("on_list")
@@ -338,21 +348,11 @@ async def test_rendering_ahead_looks_often_while_scrapes_come_and_backs_off_betw
     as late after each look that found nothing, up to PRERENDER_IDLE_PERIOD between cycles."""
     from _kube_helpers import eventually
 
-    inv = MutableInventory()
-    for namespace, name in PODS:
-        inv.put_pod(pod_info(namespace, name, {}))
-    store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
-    t = START
-    for t in (START, START + 15):
-        store.store(scrape("n0", set(range(8)), 1, t))
-    for pause in (2.5, 0):  # two lists 2.5 s apart: render ahead for the next 5 s
-        await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
-        await asyncio.sleep(pause)
+    _, store, renderer = await rendering_ahead_for(5.0)
     period = lambda: renderer._prerender_period  # noqa: E731, SLF001
     await eventually(lambda: period() == blocks.PRERENDER_IDLE_PERIOD)  # nothing scraped: backed off
     ahead = rendered("ahead")
-    store.store(scrape("n0", set(range(8)), 1, t + 15))
+    store.store(scrape("n0", {0, 3, 6}, 2, START + 30))
     await eventually(lambda: rendered("ahead") == ahead + 1)
     assert period() == blocks.PRERENDER_PERIOD  # a node changed: looking often again
 
