@@ -347,15 +347,13 @@ class ResourceStore:
             if pod_node.get(key) == node:
                 del pod_node[key]
         entry.pods = new_pods
-        entry.usage = {}
-        self._token_changes.add(node)
+        self._new_token(node, entry)
         entry.points = 2 * containers_in - no_previous + (entry.last is not None) + (entry.prev is not None)
         self._paired = self._paired or containers_in > no_previous
         for other in moved_from:
             other_entry = self._nodes.get(other)
             if other_entry is not None:
-                other_entry.usage = {}
-                self._token_changes.add(other)
+                self._new_token(other, other_entry)
         self._moves += len(moved_from)
         entry.moves = self._moves
         entry.columns = batch.columns  # None unless every container of the batch came from them
@@ -391,8 +389,7 @@ class ResourceStore:
         self._paired = True
         entry.pods = None  # ``batch.pods`` is not made: reads find a pod by columns.places
         entry.columns = columns
-        entry.usage = {}
-        self._token_changes.add(batch.node)
+        self._new_token(batch.node, entry)
         entry.points = 2 * len(spans) + (entry.last is not None) + (entry.prev is not None)
         history = self.history
         if history is not None and not history.record_columns(
@@ -400,6 +397,12 @@ class ResourceStore:
         ):
             history.record(batch.node, entry.last, entry.prev, _pairs(entry), entry.layout)
         return True
+
+    def _new_token(self, node: str, entry: _NodeEntry) -> None:
+        """``node``'s pods or readings changed: drop the usages computed from the old ones, which
+        gives it a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
+        entry.usage = {}
+        self._token_changes.add(node)
 
     @staticmethod
     def _checked(
