@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 from _kubelet_decode_helpers import RESOURCE, build_resource_body
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,16 @@ def _sim_bodies() -> list[bytes]:
                            addresses=node_addresses("127.60.0.1", 1), ports=[10250],
                            restart_every=None)  # fmt: skip
     return [render_resource_metrics(nodes[0], now - 60 + 15 * k) for k in range(4)]
+
+
+@pytest.fixture(autouse=True, scope="module", params=["c", "python"])
+def reader(request):
+    """Every test twice: templates read in C (kcms/sources/_bodyscan.c, as installed) and in Python
+    (the reader an install without a C compiler has): both must give what the full decoder gives."""
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "python":
+            mp.setattr(decode_template, "_constant_hash", None)
+        yield request.param
 
 
 SIM = _sim_bodies()
@@ -108,7 +119,14 @@ _HOSTILE_NUMBERS = [b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"-0", b"1e999", b"1e
                     b"0000000000000", b"99999999999999999999", b"9999999999999", b"1_0", b"0x10", b"1e",
                     b"+5", b".5", b"5.", b"1E+20", b"2.5e+06", b"1048576.000000001", b"18446744073.709551616",
                     b"\xd9\xa3", b"\xff", b"-", b"e", b"1e+308", b"4.9e-324", b"123456789012345678",
-                    b"1234567890123456789", b"17000000154567", b"", b"1,5", b"[1]"]  # fmt: skip
+                    b"1234567890123456789", b"17000000154567", b"", b"1,5", b"[1]",
+                    # spellings the C reader takes or leaves: exponents (the kubelet writes values
+                    # from 1e6 up so), ties at half a nanosecond or a byte, carries, the 1e18 ns limit,
+                    # tokens past its 64-byte buffer
+                    b"5.3180416e+08", b"7.461718043847824e+06", b"1e-05", b"1E5", b"1.e5", b".e5",
+                    b"1e5.5", b"1e+", b"1e+0001", b"1.5e-09", b"2.5e-09", b"5e-10", b"0.0000000005",
+                    b"0.0000000015", b"999999999.9999999995", b"999999999.999999999", b"1e17", b"1e9",
+                    b"2.5", b"3.5", b"0.5", b"1e-400", b"0." + b"0" * 70 + b"1", b"1" * 70]  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,6 +179,45 @@ def test_ordinary_values_read_from_the_template_round_as_the_full_decoder(base_i
     assert reuse.templates.hits == hits + 1  # read from the template, not decoded in full
 
 
+def test_the_c_reader_is_built_and_reads_the_kubelets_bodies(reader) -> None:
+    """CI compiles kcms/sources/_bodyscan.c (gcc is on every machine the tests run on): the C
+    reader must be there, and the simulator's bodies must be read by it, not left to Python."""
+    from kcms.sources import _bodyscan
+
+    for base, after in zip(SIM, SIM[1:], strict=False):
+        reuse = primed(base)
+        template = reuse.templates._current["n"]
+        assert (template.scan is not None) == (reader == "c")
+        if template.scan is not None:
+            got = _bodyscan.read(after, template.ntok, *template.scan)
+            assert got is not None and got is not False
+            cpu_ns, times, memory, node = got
+            assert len(cpu_ns) == len(times) == len(memory) == template.n and node is not None
+
+
+@pytest.mark.parametrize(
+    ("token", "want"),
+    [(b"71817221.4999999927", 71817222), (b"28865562.5000000025", 28865563), (b"1234568.5", 1234568), (b"1234569.5", 1234570),
+     (b"5.3180416e+08", 531804160), (b"1.2345678901234567e+08", 123456789), (b"2.5e0", 2)],
+)  # fmt: skip
+def test_memory_values_round_to_the_byte_as_the_float_of_their_text(token, want) -> None:
+    """17 significant digits are past a double's: the reader must not round twice (to a double,
+    then to the byte); ties go to the even byte, as Python's round()."""
+    base = SIM[0]
+    reuse = primed(base)
+    hits = reuse.templates.hits
+
+    def memory(m: re.Match[bytes]) -> bytes:
+        if not m.group(1).startswith(b"container_memory_working_set_bytes"):
+            return m.group(0)
+        return m.group(1) + b" " + token + (b"" if m.group(3) is None else b" " + m.group(3))
+
+    body = _NUMBERS.sub(memory, base)
+    got = outcome("n", body, reuse)
+    assert got == outcome("n", body) and reuse.templates.hits == hits + 1
+    assert {p.memory for c in got.pods.values() for p in c.values()} == {want}
+
+
 def test_bytes_that_are_not_text_in_any_numbers_place_decode_as_without_template() -> None:
     """The template is checked on the body's bytes, before any UTF-8 decoding: a byte that is not
     UTF-8 text, or a carriage return, in any one numbers' place (those of families the decoder
@@ -171,7 +228,9 @@ def test_bytes_that_are_not_text_in_any_numbers_place_decode_as_without_template
         names = [m.group(1) for m in _NUMBERS.finditer(base) for g in (2, 3) if m.group(g) is not None]
         # every place of a family the decoder skips (their numbers have no role), every 7th other
         # (values and timestamps alike)
-        places = [i for i, name in enumerate(names) if not name.startswith((b"container_", b"node_")) or i % 7 == 0]
+        places = [
+            i for i, name in enumerate(names) if not name.startswith((b"container_", b"node_")) or i % 7 == 0
+        ]
         for bad in (b"\xff", b"1\xff", b"1\r", b"\xd9", b""):
             for at in places:
                 reuse = primed(base)
@@ -340,7 +399,9 @@ def test_a_templates_names_are_one_object_per_distinct_name() -> None:
         assert ns_a is ns_b  # the same namespace name on two nodes: one object
     namespaces = {id(ns) for ns, _ in batch_a.pods}
     assert len(namespaces) == len({ns for ns, _ in batch_a.pods})
-    containers = [c for cs in batch_a.pods.values() for c in cs] + [c for cs in batch_b.pods.values() for c in cs]
+    containers = [c for cs in batch_a.pods.values() for c in cs] + [
+        c for cs in batch_b.pods.values() for c in cs
+    ]
     assert len({id(c) for c in containers}) == len(set(containers))
 
 

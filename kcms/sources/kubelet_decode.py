@@ -78,21 +78,26 @@ from typing import Any
 import msgspec
 
 from kcms import limits
-from kcms.model import ContainerColumns, DecodeError, NodeBatch, ResourcePoint
-from kcms.sources.bounds import MAX_CPU_NS, MAX_MEMORY_BYTES, MAX_NAME_LENGTH, screen_batch, screen_node_point
-from kcms.sources.decode_reuse import DecodeReuse, pod_places
+from kcms.model import DecodeError, NodeBatch
+from kcms.sources.decode_batch import Acc, assemble, bump, template_batch
+from kcms.sources.decode_reuse import DecodeReuse
 from kcms.sources.decode_template import Template, build
 from kcms.sources.exposition import utf8_lines
 from kcms.sources.kubelet_blocks import CPU_FAMILY as _CPU
 from kcms.sources.kubelet_blocks import MEM_FAMILY as _MEM
 from kcms.sources.kubelet_blocks import NS_FAST_LIMIT as _NS_FAST_LIMIT
 from kcms.sources.kubelet_blocks import NUM_BYTES as _NUM_BYTES
-from kcms.sources.kubelet_blocks import Columns, seconds_to_ns
 from kcms.sources.kubelet_blocks import fast_block as _fast_block
 from kcms.sources.kubelet_blocks import find_block as _find_block
+from kcms.sources.kubelet_blocks import seconds_to_ns
 from kcms.sources.kubelet_blocks import seconds_to_ns_each as _seconds_to_ns_each
 from kcms.sources.promtext import LineError, parse_sample_line, parse_timestamp, parse_value
 from kcms.sources.summary_decode import decode_summary as _decode_summary
+
+try:  # the template path in C (kcms/sources/_bodyscan.c); Template.scan is None without it
+    from kcms.sources._bodyscan import read as _scan_read
+except ImportError:  # pragma: no cover - exercised by installs without a C compiler
+    _scan_read = None
 
 __all__ = ["DEFAULT_MAX_BYTES", "DecodeReuse", "decode_resource_metrics", "decode_summary", "seconds_to_ns"]
 
@@ -111,69 +116,7 @@ _SKIPPED = ("pod_cpu_usage_seconds_total", "pod_memory_working_set_bytes")  # un
 _HEADS = tuple((f, f + '{container="') for f in _FAMILIES) + tuple((f, f + '{namespace="') for f in _SKIPPED)
 
 
-def _bump(rejected: dict[str, int], reason: str, n: int = 1) -> None:
-    rejected[reason] = rejected.get(reason, 0) + n
-
-
-class _Acc:
-    """What a decode has gathered so far."""
-
-    __slots__ = (
-        "tables",
-        "columns",
-        "node_cpu",
-        "node_mem",
-        "scrape_error",
-        "recognised",
-        "malformed",
-        "rejected",
-        "now",
-        "start_block",
-        "names_checked",
-        "node",
-        "reuse",
-    )
-
-    def __init__(self, now: float, node: str = "", reuse: DecodeReuse | None = None) -> None:
-        # family -> (namespace, pod, container) -> cpu (core-ns, timestamp) | memory bytes | start time
-        self.tables: dict[str, dict[tuple[str, str, str], Any]] = {_CPU: {}, _MEM: {}, _START: {}}
-        # family -> a block decoded by the fast path, not yet turned into a table
-        self.columns: dict[str, Columns] = {}
-        self.node_cpu: tuple[int, float] | None = None
-        self.node_mem: int | None = None
-        self.scrape_error: float | None = None
-        self.recognised = 0
-        self.malformed = 0
-        self.rejected: dict[str, int] = {}
-        self.now = now
-        # the start-time block whose parse was reused (its label columns are only read again if the
-        # three families do not line up, see DecodeReuse)
-        self.start_block: str | None = None
-        # the reused start-time block's names are all within MAX_NAME_LENGTH (checked when remembered)
-        self.names_checked = False
-        # the node and its DecodeReuse, which keeps where its pods lie (PodPlaces) across scrapes
-        self.node = node
-        self.reuse = reuse
-
-    def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
-        """The family's table, with any fast-path columns merged in (first occurrence wins)."""
-        table = self.tables[fam]
-        cols = self.columns.pop(fam, None)
-        if cols is not None and cols[0] is None and self.start_block is not None:
-            cols = _fast_block(self.start_block, fam, self.now)  # a reused parse: the labels again
-        if cols is not None:
-            namespaces, pods, containers, values, times, _ = cols
-            if fam == _CPU:
-                values = zip(values, times, strict=False)
-            for key, v in zip(zip(namespaces, pods, containers, strict=True), values, strict=False):
-                if key in table:
-                    _bump(self.rejected, "duplicate")
-                else:
-                    table[key] = v
-        return table
-
-
-def _slow_lines(text: str, acc: _Acc) -> None:
+def _slow_lines(text: str, acc: Acc) -> None:
     """Decode lines one at a time with the strict general parser."""
     rejected = acc.rejected
     for line in text.split("\n"):
@@ -202,43 +145,43 @@ def _slow_lines(text: str, acc: _Acc) -> None:
             pod = labels.get("pod", "")
             c = labels.get("container", "")
             if not (ns and pod and c):
-                _bump(rejected, "missing_label")
+                bump(rejected, "missing_label")
                 continue
             key = (ns, pod, c)
             table = acc.table(name)
             if key in table:
-                _bump(rejected, "duplicate")
+                bump(rejected, "duplicate")
                 continue
         elif name == _NODE_CPU or name == _NODE_MEM:
             acc.recognised += 1
             if (acc.node_cpu if name == _NODE_CPU else acc.node_mem) is not None:
-                _bump(rejected, "duplicate")
+                bump(rejected, "duplicate")
                 continue
         elif name in _ERROR_NAMES:
             acc.recognised += 1
             try:
                 acc.scrape_error = parse_value(vt)
             except ValueError:
-                _bump(rejected, "bad_value")
+                bump(rejected, "bad_value")
             continue
         else:
             if len(name) > limits.MAX_METRIC_NAME_LENGTH:
-                _bump(rejected, limits.METRIC_NAME_TOO_LONG)  # unused, but say a kubelet sends it
+                bump(rejected, limits.METRIC_NAME_TOO_LONG)  # unused, but say a kubelet sends it
             continue  # another family
         try:
             v = parse_value(vt)
             ms = None if tt is None else parse_timestamp(tt)
         except ValueError:
-            _bump(rejected, "bad_value")
+            bump(rejected, "bad_value")
             continue
         if not math.isfinite(v):
-            _bump(rejected, "non_finite")
+            bump(rejected, "non_finite")
             continue
         if v < 0:
-            _bump(rejected, "negative")
+            bump(rejected, "negative")
             continue
         if ms is not None and ms <= 0:
-            _bump(rejected, "bad_value")
+            bump(rejected, "bad_value")
             continue
         ts = acc.now if ms is None else ms / 1000.0
         if name == _CPU:
@@ -297,7 +240,7 @@ def decode_resource_metrics(
         text = text.replace("\r\n", "\n")
     if not text or text.isspace():
         raise DecodeError("malformed", f"kubelet response from {node} is empty")
-    acc = _Acc(now_, node, reuse)
+    acc = Acc(now_, node, reuse)
     acc.malformed = not_utf8
 
     spans = []
@@ -312,7 +255,7 @@ def decode_resource_metrics(
     for s, e, fam in spans:
         if s < pos:
             # interleaved families (not valid exposition): no fast path at all
-            acc = _Acc(acc.now, node, reuse)
+            acc = Acc(acc.now, node, reuse)
             acc.malformed = not_utf8
             _slow_lines(text, acc)
             break
@@ -347,7 +290,7 @@ def decode_resource_metrics(
     else:
         if pos < len(text):
             _slow_lines(text[pos:], acc)
-    batch = _assemble(node, acc)
+    batch = assemble(node, acc)
     if (
         reuse is not None
         and type(body) is bytes
@@ -368,7 +311,21 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
     """The batch of ``body`` if it is ``t``'s body with other valid numbers (None: decode it in
     full); built by :func:`_assemble` from the template's columns, as a full decode builds it
     from the fast path's (see kcms/sources/decode_template.py). The numbers are bytes here:
-    ``float`` and ``int`` read them as they read text."""
+    ``float`` and ``int`` read them as they read text. C reads them first where it can
+    (kcms/sources/_bodyscan.c: the same checks and values, ~30 against ~100 us a body); a body it
+    leaves (False: a number it refuses, or in a spelling or size it does not read) is read here."""
+    if t.scan is not None:
+        got = _scan_read(body, t.ntok, *t.scan)  # type: ignore[misc]
+        if got is None:
+            return None
+        if got is not False:
+            cpu_ns, times, mem, read_node = got  # read_node: [cpu ns, seconds or None, bytes] or None
+            node_cpu = node_mem = None
+            if read_node is not None:
+                node_cpu = (read_node[0], now if read_node[1] is None else read_node[1])
+                node_mem = read_node[2]
+            times = times if t.stamped else [now] * t.n
+            return template_batch(node, now, t, reuse, cpu_ns, times, mem, node_cpu, node_mem)
     vt = t.numbers(body)
     # an empty token (a line ending "V " keeps the token count) is no number either
     if vt is None or b"" in vt:
@@ -422,164 +379,11 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
     else:
         cpu_ns = _seconds_to_ns_each(list(cv), cpu)
     times = list(map(truediv, values[n : 2 * n], repeat(1000.0))) if t.stamped else [now] * n
-    acc = _Acc(now, node, reuse)
-    sig = t.signature
-    acc.columns = {
-        _CPU: (t.namespaces, t.pods, t.containers, cpu_ns, times, sig),
-        _MEM: (t.namespaces, t.pods, t.containers, list(map(round, mem)), None, sig),
-        _START: (t.namespaces, t.pods, t.containers, t.start, None, sig),
-    }
+    node_cpu = node_mem = None
     if t.node:
-        text_cpu = rest[0]
-        acc.node_cpu = (
-            seconds_to_ns(text_cpu, node_values[0]),
-            int(rest[1]) / 1000.0 if t.node_stamped else now,
-        )
-        acc.node_mem = round(node_values[1])
-    acc.scrape_error = t.scrape_error
-    acc.recognised = t.recognised
-    acc.names_checked = True  # every name of a template is within MAX_NAME_LENGTH
-    return _assemble(node, acc)
-
-
-def _assemble_aligned(acc: _Acc, batch: NodeBatch) -> Columns | None:
-    """Build the pods when the three families list the same series in the same order (the usual case).
-
-    Returns the CPU columns the pods were built from (for :func:`_screened_aligned`), or None (and no
-    pod) when the general path must do it. With no zero value, the batch gets the columns
-    (``NodeBatch.columns``) and its pods are made from them only when read (:class:`kcms.model.PodPlaces`).
-    """
-    cols = acc.columns
-    if len(cols) != 3 or any(acc.tables.values()):
-        return None
-    cpu, mem, start = cols[_CPU], cols[_MEM], cols[_START]
-    namespaces, names, containers, cpu_ns, times, signature = cpu
-    if signature != mem[5] or signature != start[5]:
-        return None
-    reuse = acc.reuse
-    places = (
-        pod_places(signature, namespaces, names, containers)
-        if reuse is None
-        else reuse.places(acc.node, start[5], namespaces, names, containers)  # see places()
-    )
-    if places is None:
-        return None  # a duplicate series: let the general path count it
-    memory = mem[3]
-    # in pods' order: pod by pod, container by container
-    readings = list(places.in_pod_order(list(map(ResourcePoint, start[3], times, cpu_ns, memory))))
-    columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings, places)
-    if not (0 in cpu_ns or 0 in memory):
-        # every series is one container of the batch's pods: what the store compares a column at a time
-        batch.columns = columns
-        batch.pods = None  # type: ignore[assignment]  # made from the columns when read
-    else:
-        pods = batch.pods
-        pods.update(columns.pods())
-        zero_pods = {
-            pk
-            for pk, n, m in zip(zip(namespaces, names, strict=True), cpu_ns, memory, strict=True)
-            if n == 0 or m == 0
-        }
-        for pk in zero_pods:
-            del pods[pk]
-        _bump(acc.rejected, "zero_value", len(zero_pods))
-    cols.clear()
-    return namespaces, names, containers, cpu_ns, times, memory  # type: ignore[return-value]
-
-
-def _screened_aligned(
-    batch: NodeBatch, cols: Columns, latest: float, names_checked: bool = False
-) -> dict[str, int] | None:
-    """:func:`kcms.sources.bounds.screen_batch` for a batch built by :func:`_assemble_aligned`, a column
-    at a time: the counts if every container is within the bounds (then only the node point can be
-    refused), or None when some container may not be (the caller screens the batch point by point).
-
-    The fast path already made every value a finite number >= 0 and every timestamp positive (or
-    ``now``); what is left is the upper bounds and the name lengths (~4 us instead of ~10 for 60
-    containers). Zero-value pods were dropped before, as screen_batch sees them. ``names_checked``: the
-    names are a reused start-time block's, already checked (the families line up: the same labels).
-    """
-    namespaces, names, containers, cpu_ns, times, memory = cols
-    if not cpu_ns:
-        return None
-    if not (
-        0 < min(times)
-        and max(times) <= latest
-        and max(cpu_ns) <= MAX_CPU_NS
-        and max(memory) <= MAX_MEMORY_BYTES  # type: ignore[type-var]
-        and (names_checked or max(map(len, containers)) <= MAX_NAME_LENGTH)
-        and (names_checked or max(map(len, names)) <= MAX_NAME_LENGTH)
-        and (names_checked or max(map(len, namespaces)) <= MAX_NAME_LENGTH)
-    ):
-        return None
-    counts: dict[str, int] = {}
-    screen_node_point(batch, latest, counts)
-    return counts
-
-
-def _assemble(node: str, acc: _Acc) -> NodeBatch:
-    rejected = acc.rejected
-    if acc.recognised == 0 and acc.malformed:
-        raise DecodeError(
-            "malformed", f"kubelet response from {node} is not Prometheus text ({acc.malformed} bad lines)"
-        )
-    if acc.malformed:
-        _bump(rejected, "malformed", acc.malformed)
-
-    batch = NodeBatch(node=node, rejected=rejected)
-    node_cpu, node_mem = acc.node_cpu, acc.node_mem
-    if node_cpu is not None and node_mem is not None:
-        if node_cpu[0] == 0 or node_mem == 0:
-            _bump(rejected, "zero_value")
-        else:
-            batch.node_point = ResourcePoint(0.0, node_cpu[1], node_cpu[0], node_mem)
-    elif node_cpu is not None or node_mem is not None:
-        _bump(rejected, "incomplete_node")
-
-    aligned = _assemble_aligned(acc, batch)
-    if aligned is None:
-        pods = batch.pods
-        cpu, mem, start = acc.table(_CPU), acc.table(_MEM), acc.table(_START)
-        zero_pods: set[tuple[str, str]] = set()
-        incomplete = 0
-        for key, (n, ts) in cpu.items():
-            m = mem.get(key)
-            if m is None:
-                incomplete += 1
-                continue
-            ns, pod, c = key
-            if n == 0 or m == 0:
-                zero_pods.add((ns, pod))
-                continue
-            containers = pods.get((ns, pod))
-            if containers is None:
-                containers = pods[(ns, pod)] = {}
-            containers[c] = ResourcePoint(start.get(key, 0.0), ts, n, m)
-        incomplete += sum(1 for key in mem if key not in cpu)
-        incomplete += sum(1 for key in start if key not in cpu and key not in mem)
-        if incomplete:
-            _bump(rejected, "incomplete_container", incomplete)
-        if zero_pods:
-            for pk in zero_pods:
-                pods.pop(pk, None)
-            _bump(rejected, "zero_value", len(zero_pods))
-
-    # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
-    latest = limits.future_limit(max(time.time(), acc.now))
-    counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked)
-    if counts is None:
-        batch.columns = None  # columns only for a batch whose every container is kept
-        counts = screen_batch(batch, latest)
-    for reason, n in counts.items():
-        _bump(rejected, reason, n)
-    batch.screened = latest
-    if acc.scrape_error is not None and acc.scrape_error != 0:
-        if batch.node_point is None and not batch.pods:
-            raise DecodeError(
-                "kubelet_error", f"kubelet on {node} reported an error getting resource metrics"
-            )
-        _bump(rejected, "kubelet_error")
-    return batch
+        node_cpu = (seconds_to_ns(rest[0], node_values[0]), int(rest[1]) / 1000.0 if t.node_stamped else now)
+        node_mem = round(node_values[1])
+    return template_batch(node, now, t, reuse, cpu_ns, times, list(map(round, mem)), node_cpu, node_mem)
 
 
 def decode_summary(node: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> NodeBatch:
