@@ -3,12 +3,16 @@
 # The default command runs standalone mode (collector + store + metrics.k8s.io server);
 # any other sub-command can be given as arguments, e.g. `docker run kcms:0.1.0 store`.
 
-# Build stage: turn the source tree into a wheel (no compiler needed; all dependencies ship wheels).
+# Build stage: turn the source tree into a wheel. gcc compiles KCMS's one C module
+# (kcms/sources/_bodyscan.c, the kubelet body reader); all dependencies ship wheels.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY kcms/ kcms/
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

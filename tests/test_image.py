@@ -90,11 +90,17 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     sources = _copied_sources()
-    assert set(sources) == {"pyproject.toml", "README.md", "kcms"}
+    assert set(sources) == {"pyproject.toml", "setup.py", "README.md", "kcms"}
     for source in sources:
         assert not _ignored(source, patterns), f".dockerignore excludes {source}, which the build copies"
         assert (REPO / source).exists(), f"the build copies {source}, which does not exist"
-    for heavy in (".git", "tests", "kcms/__pycache__", "kcms/store/__pycache__/x.pyc"):
+    for heavy in (
+        ".git",
+        "tests",
+        "kcms/__pycache__",
+        "kcms/store/__pycache__/x.pyc",
+        "kcms/sources/_bodyscan.cpython-311-x86_64-linux-gnu.so",
+    ):
         assert _ignored(heavy, patterns), f"{heavy} should not be sent to the build"
 
 
