@@ -69,8 +69,13 @@ class Client:
 
 
 def cpu_seconds(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
+    """The process's CPU seconds, to the nanosecond where Linux's process CPU clock can be read
+    (/proc's user and system times come in 10 ms ticks: ±7 % of a 120 s window at 50 nodes)."""
+    try:
+        return time.clock_gettime(((~p.pid) << 3) | 2)
+    except (OSError, OverflowError):
+        t = p.cpu_times()
+        return t.user + t.system
 
 
 async def per_scrape(work: Path, rounds: int, history: float = 600.0) -> None:
@@ -238,7 +243,7 @@ def main() -> int:
             mem = proc.memory_full_info()
             mc = (c1 - c0) / (t1 - t0) * 1000
             print(
-                f"window {i + 1}: {t1 - t0:.0f} s  CPU {c1 - c0:.2f} s = {mc:.1f} millicores "
+                f"window {i + 1}: {t1 - t0:.0f} s  CPU {c1 - c0:.3f} s = {mc:.2f} millicores "
                 f"({mc / args.nodes:.3f} per node)  RSS {mem.rss / 2**20:.1f} MiB "
                 f"({mem.rss / 1e6 / args.nodes:.3f} MB per node)  USS {mem.uss / 2**20:.1f} MiB  "
                 f"threads {proc.num_threads()}  load {load0:.2f}->{os.getloadavg()[0]:.2f}",

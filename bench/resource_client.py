@@ -114,16 +114,28 @@ def tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of a running process, to the nanosecond (Linux: its process CPU clock, the
+    clockid that ``clock_getcpuclockid(pid)`` gives), or None where that cannot be read.
+    /proc's user and system times come in 10 ms ticks: 4 cycles of 50 nodes cost ~60 ms of CPU,
+    so ticks alone left the 50-node figure ±17 %."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except (OSError, OverflowError):
+        return None
+
+
 def tree_cpu_seconds(proc: psutil.Process) -> float:
     """CPU seconds of the process and every descendant, including descendants already reaped
-    (their time is in their parent's children_user/children_system)."""
+    (their time is in their parent's children_user/children_system, in ticks)."""
     total = 0.0
     for p in tree(proc):
         try:
             t = p.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        total += t.user + t.system + t.children_user + t.children_system
+        running = process_cpu_seconds(p.pid)
+        total += (t.user + t.system if running is None else running) + t.children_user + t.children_system
     return total
 
 

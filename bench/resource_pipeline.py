@@ -239,9 +239,12 @@ class Run(ProcessRun):
         a = self.args
         # Steady state first: KCMS makes a node's body template at its third full decode, at most
         # 2000 a cycle, so 5000 nodes build theirs in cycles 3-5 (1.1-1.8 ms each); a service's CPU
-        # is what it costs from then on. Then start on a cycle boundary and measure whole cycles;
-        # polling /metrics costs the server CPU too, so sleep through the cycles and poll only near
-        # their end.
+        # is what it costs from then on. Then start on a cycle boundary and measure whole cycles.
+        # Polling /metrics costs the server CPU too (~4 ms a GET at 50 nodes, as much as 9 scrapes,
+        # 27 Nov): the window sleeps through its cycles and past the last one's expected end, and
+        # its CPU is read before the one poll that confirms the count. (Until 27 Nov 21:10 it polled
+        # every 0.25 s from a second before the end, ~5 polls in a window at 50 nodes, where 4 cycles
+        # cost ~90 ms: a fifth of the 50-node figure was the benchmark's own polling.)
         done = read_scrapes(self.client).cycles
         if done < a.settle_cycles:
             time.sleep(max(0.0, (a.settle_cycles - done) * a.resolution - 2.0))
@@ -249,10 +252,19 @@ class Run(ProcessRun):
         self.wait_cycles(read_scrapes(self.client).cycles, 1)
         s0 = read_scrapes(self.client)
         cpu0 = tree_cpu_seconds(self.proc)
-        time.sleep(max(0.0, a.cycles * a.resolution - 1.0))
-        self.wait_cycles(s0.cycles, a.cycles)
-        cpu1 = tree_cpu_seconds(self.proc)
-        s1 = read_scrapes(self.client)
+        mean_wall = s0.cycle_seconds / s0.cycles if s0.cycles > 0 else 1.0
+        time.sleep(a.cycles * a.resolution + min(a.resolution / 2, max(0.5, 2 * mean_wall)))
+        deadline = time.monotonic() + (a.cycles + 2) * a.resolution * 4
+        while True:
+            cpu1 = tree_cpu_seconds(self.proc)
+            s1 = read_scrapes(self.client)
+            if s1.cycles >= s0.cycles + a.cycles:
+                break
+            if self.server.poll() is not None:
+                raise self.kcms_died()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"KCMS did not complete {a.cycles} scrape cycles in time")
+            time.sleep(0.25)
         rss, nproc = tree_memory(self.proc)
         pss, _ = tree_memory(self.proc, pss=True)
         cycles = s1.cycles - s0.cycles
