@@ -243,8 +243,8 @@ class Run(ProcessRun):
         # Polling /metrics costs the server CPU too (~4 ms a GET at 50 nodes, as much as 9 scrapes,
         # 27 Nov): the window sleeps through its cycles and past the last one's expected end, and
         # its CPU is read before the one poll that confirms the count. (Until 27 Nov 21:10 it polled
-        # every 0.25 s from a second before the end, ~5 polls in a window at 50 nodes, where 4 cycles
-        # cost ~90 ms: a fifth of the 50-node figure was the benchmark's own polling.)
+        # every 0.25 s from a second before the end: ~5 polls in a 50-node window of 4 cycles, which
+        # cost 60-90 ms of CPU in all.)
         done = read_scrapes(self.client).cycles
         if done < a.settle_cycles:
             time.sleep(max(0.0, (a.settle_cycles - done) * a.resolution - 2.0))
