@@ -11,7 +11,6 @@ a log line goes through :func:`kcms.limits.printable`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import warnings
@@ -22,11 +21,11 @@ import prometheus_client
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from kcms.filewatch import FileWatch
 from kcms.flags import StartupError
 from kcms.httpguard import GuardedRunner, GuardOptions, accepts_encoding
 from kcms.limits import printable
 from kcms.model import RequestAttributes, UserInfo
-from kcms.tasks import cancel_and_wait
 
 from . import metrics
 from .authn import ANONYMOUS, Authenticator, AuthnOptions, load_ca_certs, resolve
@@ -120,7 +119,8 @@ class AggregatedAPIServer:
         self._served: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # gv -> (when, names)
         self._generation = 0
         self._runner: web.AppRunner | None = None
-        self._refresher: asyncio.Task[None] | None = None
+        self._files: FileWatch | None = None  # the serving cert/key and CA files (start())
+        self._configmap_read = 0.0  # time.monotonic() of the last read of the ConfigMap
         self._configmap: dict[str, Any] | None = None
         self.configmap_refresh_interval = 60.0  # seconds between reads of extension-apiserver-authentication
         self._port = 0
@@ -175,6 +175,7 @@ class AggregatedAPIServer:
             self.authz_options.access_reviewer = AccessReviewer(self.kube_client)
         self.authenticator = Authenticator(resolved, token_reviewer, self.authn_options.allow_anonymous)
         self._configmap = configmap
+        self._configmap_read = time.monotonic()
         cert_file, key_file = resolve_cert_files(self.serving)
         self.serving_cert_file, self.serving_key_file = cert_file, key_file
         self.reloader = CertReloader(
@@ -182,7 +183,6 @@ class AggregatedAPIServer:
             key_file,
             resolved.client_ca_pems + resolved.requestheader_ca_pems,
             self.serving.tls_min_version,
-            self.serving.reload_interval,
         )
         guard = GuardOptions(
             header_timeout=self.serving.request_header_timeout,
@@ -210,18 +210,21 @@ class AggregatedAPIServer:
         server = site._server  # noqa: SLF001 - aiohttp exposes no public accessor for the bound socket
         sockets = getattr(server, "sockets", None) or []
         self._port = sockets[0].getsockname()[1] if sockets else self.serving.secure_port
-        self.reloader.start()
-        self._refresher = asyncio.create_task(self._refresh_authn_loop(), name="authn-refresher")
+        opts = self.authn_options
+        self._files = FileWatch(
+            (cert_file, key_file, opts.client_ca_file, opts.requestheader_client_ca_file),
+            self._files_changed,
+            interval=self.serving.reload_interval,
+        )
+        self._files.start()
         log.info("serving securely on %s:%d", self.serving.bind_address, self._port)
 
     async def stop(self) -> None:
         """Stop listening and close connections."""
         self.set_shutting_down()
-        if self._refresher is not None:
-            await cancel_and_wait(self._refresher)
-            self._refresher = None
-        if self.reloader is not None:
-            await self.reloader.stop()
+        if self._files is not None:
+            await self._files.stop()
+            self._files = None
         if self._runner is not None:
             server = self._runner.server
             connections = list(server.connections) if server is not None else []
@@ -279,17 +282,15 @@ class AggregatedAPIServer:
         log.info("authentication configuration reloaded")
         return True
 
-    async def _refresh_authn_loop(self) -> None:
-        last_cm = time.monotonic()
-        while True:
-            await asyncio.sleep(self.serving.reload_interval)
-            reread = time.monotonic() - last_cm >= self.configmap_refresh_interval
-            if reread:
-                last_cm = time.monotonic()
-            try:
-                await self.refresh_authn(reread_configmap=reread)
-            except Exception:  # never let the refresher die
-                log.exception("refreshing the authentication configuration failed")
+    async def _files_changed(self) -> None:
+        """The certificate or CA files may have changed (or a minute passed): look again, and
+        re-read the extension-apiserver-authentication ConfigMap when it is due."""
+        assert self.reloader is not None
+        self.reloader.check()
+        reread = time.monotonic() - self._configmap_read >= self.configmap_refresh_interval
+        if reread:
+            self._configmap_read = time.monotonic()
+        await self.refresh_authn(reread_configmap=reread)
 
     # ---- the request pipeline -----------------------------------------------------------
 

@@ -3,7 +3,6 @@ and reloading of the serving certificate when its files change on disk."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import logging
@@ -17,7 +16,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from kcms.httpguard import BODY_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT
-from kcms.tasks import cancel_and_wait
 
 from .inflight import EXECUTING, MAX_MUTATING, MAX_READONLY
 
@@ -41,7 +39,9 @@ class ServingOptions:
     tls_private_key_file: str = ""
     tls_min_version: str = ""  # "", "VersionTLS12" or "VersionTLS13"
     alternate_names: tuple[str, ...] = ()
-    reload_interval: float = 3.0  # seconds between checks of the certificate files' mtimes
+    # seconds between looks at the certificate and CA files where inotify cannot watch their
+    # directories (where it can: on every change, and every minute: kcms/filewatch.py)
+    reload_interval: float = 3.0
     # Connection deadlines (kcms.httpguard; kube-apiserver's values): request line and headers
     # due within request_header_timeout (--request-header-timeout), a kept-alive connection closed
     # after idle_timeout without a request, a request body due within body_timeout.
@@ -161,7 +161,8 @@ class CertReloader:
 
     The listening socket keeps one ``SSLContext`` (:attr:`ctx`) whose SNI callback (OpenSSL calls it for
     every ClientHello, with or without a server name) moves each new connection onto the current
-    context. A rebuild — serving cert/key files changed on disk (polled every ``interval`` seconds), or
+    context. A rebuild — serving cert/key files changed on disk (:meth:`check`, which the API server
+    calls when a :class:`kcms.filewatch.FileWatch` of their directories fires), or
     new client CAs via :meth:`set_client_cas` — makes a whole new context, so new connections see the
     new pair and trust the new CAs while established ones are untouched. A source that does not load is
     logged and the previous context kept.
@@ -173,20 +174,17 @@ class CertReloader:
         key_file: str,
         client_ca_pems: list[bytes],
         min_version: str = "",
-        interval: float = 3.0,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.client_ca_pems = list(client_ca_pems)
         self.min_version = min_version
-        self.interval = interval
         self.reloads = 0
         self.failures = 0
         self._seen = _mtimes(cert_file, key_file)
         self.ctx = server_context(cert_file, key_file, self.client_ca_pems, min_version)
         self.current = self.ctx
         self.ctx.sni_callback = self._select
-        self._task: asyncio.Task[None] | None = None
 
     def _select(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
         current = self.current
@@ -222,18 +220,3 @@ class CertReloader:
         if list(client_ca_pems) == self.client_ca_pems:
             return False
         return self._rebuild(list(client_ca_pems), "client CA bundle")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self.check()
-
-    def start(self) -> None:
-        """Start polling in the running event loop."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="cert-reloader")
-
-    async def stop(self) -> None:
-        """Stop polling."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
