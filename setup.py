@@ -1,10 +1,13 @@
-"""The one compiled module, kcms/sources/_bodyscan.c (a kubelet body read against its template).
+"""The compiled modules: kcms/sources/_bodyscan.c (a kubelet body read against its template) and
+kcms/store/_columns.c (two scrapes of a node compared a column at a time).
 
-Optional: where it cannot be compiled (no C compiler), the install goes on without it and the same
-reading runs in Python (kcms/sources/decode_template.py), ~2.5x slower a body. Everything else is in
-pyproject.toml."""
+Optional: where they cannot be compiled (no C compiler), the install goes on without them and the
+same work runs in Python (kcms/sources/decode_template.py, ~2.5x slower a body;
+kcms/store/columns.py, 16.4 against 1.6 us a node). Everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
+
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 
 setup(
     ext_modules=[
@@ -12,7 +15,8 @@ setup(
             "kcms.sources._bodyscan",
             ["kcms/sources/_bodyscan.c"],
             optional=True,
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-        )
+            extra_compile_args=FLAGS,
+        ),
+        Extension("kcms.store._columns", ["kcms/store/_columns.c"], optional=True, extra_compile_args=FLAGS),
     ]
 )

@@ -245,7 +245,9 @@ def test_columns_are_written_in_the_order_of_the_rows():
     memory = [21, 11, 31]
     readings = [point(t, cpu_ns[i], memory[i]) for i in (0, 2, 1)]  # pod order
     columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, memory, readings, places)
-    assert h.record_columns("n1", None, None, token, columns, cpu_ns, [15.0] * 3)
+    rates = ([10**9, 2 * 10**9, 3 * 10**9], True)  # body order, as column_rates gives them
+    assert h.record_columns("n1", None, None, token, columns, rates)
+    assert not h.record_columns("n1", None, None, token, columns, (rates[0], False))  # over the bound
     assert h.pod_points("ns", "a", 0.0) == (("c1", "c2"), [(t, [(10**9, 21), (3 * 10**9, 31)])])
     assert h.pod_points("ns", "b", 0.0) == (("c1",), [(t, [(2 * 10**9, 11)])])
 

@@ -58,11 +58,12 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from operator import itemgetter, truediv
+from operator import itemgetter
 from typing import Any
 
 from kcms.model import ContainerColumns, PodKey, PodPlaces, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
+from kcms.store.columns import Rates
 
 # Per container of a pod: (last reading, previous reading usable for a rate, or None)
 Pairs = Mapping[str, tuple[ResourcePoint, ResourcePoint | None]]
@@ -239,21 +240,17 @@ class HistoryStore:
         prev: ResourcePoint | None,
         layout: object,
         columns: ContainerColumns,
-        deltas: list[int],
-        spans: list[float],
+        rates: Rates,
     ) -> bool:
         """:meth:`record` for a scrape the store took a column at a time
         (``ResourceStore._store_columns``): ``columns`` holds the same series, in the same order,
-        as the last scrape recorded with ``layout``, and per series the CPU counter's rise over the
-        seconds since the reading before (``deltas``, ``spans``: every span > 0, every rise >= 0).
-        False, with nothing written, when :meth:`record` must do it: another layout recorded last,
-        or a rate over MAX_NANOCORES. The pods' records are written in place; no pod is added or
-        dropped."""
+        as the last scrape recorded with ``layout``, and ``rates`` their CPU rates since the
+        readings before (:func:`kcms.store.columns.column_rates`). False, with nothing written,
+        when :meth:`record` must do it: another layout recorded last, or a rate over MAX_NANOCORES.
+        The pods' records are written in place; no pod is added or dropped."""
         h = self._nodes.get(node)
-        if h is None or layout is None or h.layout is not layout:
-            return False
-        rates = list(map(truediv, deltas, spans))
-        if max(rates) > MAX_NANOCORES:
+        cpus, within = rates
+        if h is None or layout is None or h.layout is not layout or not within:
             return False
         ts = last.timestamp if last is not None else max(columns.times)
         slot = self._next_slot(h, ts, last, prev)
@@ -262,7 +259,7 @@ class HistoryStore:
         order = h.order
         if order is None:
             order = h.order = _row_order(columns.places, h.pods)
-        self._write_row(h, slot, order(list(map(int, rates))), order(columns.memory))
+        self._write_row(h, slot, order(cpus), order(columns.memory))
         return True
 
     @staticmethod

@@ -44,8 +44,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import le, mul, sub
 from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import Counter, Gauge
@@ -53,6 +51,7 @@ from prometheus_client import Counter, Gauge
 from kcms.changelog import ChangeLog
 from kcms.model import ContainerColumns, NodeBatch, PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES, REASONS, screen_batch
+from kcms.store.columns import column_rates
 from kcms.store.usage import PodUsage, Usage
 
 if TYPE_CHECKING:
@@ -376,24 +375,18 @@ class ResourceStore:
             or columns.start != old.start
         ):
             return False
-        spans = list(map(sub, columns.times, old.times))
-        deltas = list(map(sub, columns.cpu_ns, old.cpu_ns))
-        if not (
-            spans
-            and min(spans) > 0  # every reading newer (finite timestamps: a > b exactly when a - b > 0)
-            and min(deltas) >= 0
-            and all(map(le, deltas, map(mul, repeat(MAX_NANOCORES), spans)))  # as the loop's check
-        ):
+        rates = column_rates(columns.times, old.times, columns.cpu_ns, old.cpu_ns)
+        if rates is None:
             return False
         entry.before = old.readings  # the last readings, in the same order as the new ones
         self._paired = True
         entry.pods = None  # ``batch.pods`` is not made: reads find a pod by columns.places
         entry.columns = columns
         self._new_token(batch.node, entry)
-        entry.points = 2 * len(spans) + (entry.last is not None) + (entry.prev is not None)
+        entry.points = 2 * len(columns.times) + (entry.last is not None) + (entry.prev is not None)
         history = self.history
         if history is not None and not history.record_columns(
-            batch.node, entry.last, entry.prev, entry.layout, columns, deltas, spans
+            batch.node, entry.last, entry.prev, entry.layout, columns, rates
         ):
             history.record(batch.node, entry.last, entry.prev, _pairs(entry), entry.layout)
         return True
