@@ -13,9 +13,12 @@ of the process's CPU in a small cluster.
 
 The directories, not the files, are watched: a Kubernetes Secret volume swaps a ``..data`` symlink
 (a rename in the directory) and the file paths never change. A path that is a symlink elsewhere
-has its target's directory watched too. Events are not told apart: any one in a watched
-directory means "look again" (the callback compares what it reads). A flood of events (a busy
-directory, a hostile writer) still gives at most one callback per ``settle`` seconds.
+has its target's directory watched too. Only events about the files' own names (the path's and its
+target's) or a name starting with ``..`` (the Secret volume's) mean "look again"; the callback
+compares what it reads. Other files in those directories are ignored: a log file written beside
+the certificates would otherwise make every logged failure of a look trigger the next one. A
+flood of events (a hostile or busy writer of those files) still gives at most one callback per
+``settle`` seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ _IN_CREATE = 0x100
 _IN_DELETE = 0x200
 _IN_DELETE_SELF = 0x400
 _IN_MOVE_SELF = 0x800
+_IN_Q_OVERFLOW = 0x4000
 _IN_IGNORED = 0x8000
 _IN_ONLYDIR = 0x1000000
 _WATCH_MASK = (
@@ -69,6 +73,13 @@ def directories(paths: Iterable[str]) -> list[str]:
     return out
 
 
+def names(paths: Iterable[str]) -> frozenset[bytes]:
+    """The file names whose events matter for ``paths``: each one's, and its symlink target's."""
+    return frozenset(
+        os.fsencode(os.path.basename(q)) for p in paths if p for q in (os.path.abspath(p), os.path.realpath(p))
+    )
+
+
 def _libc() -> ctypes.CDLL | None:
     try:  # the process's own symbols (libc's among them): find_library would run ldconfig
         libc = ctypes.CDLL(None, use_errno=True)
@@ -81,8 +92,8 @@ def _libc() -> ctypes.CDLL | None:
 class FileWatch:
     """Calls ``on_change()`` when files in ``paths``' directories may have changed (see the module
     docstring). ``watching`` is True while inotify covers every directory; then the callback also
-    runs every ``resync`` seconds, else every ``interval``. ``on_change`` must not raise: an
-    exception is logged and the watch goes on. ``inotify=False`` polls only."""
+    runs every ``resync`` seconds, else every ``interval``. An exception from ``on_change`` is
+    logged and the watch goes on. ``inotify=False`` polls only."""
 
     def __init__(
         self,
@@ -93,7 +104,9 @@ class FileWatch:
         settle: float = SETTLE_SECONDS,
         inotify: bool = True,
     ) -> None:
+        paths = list(paths)
         self.dirs = directories(paths)
+        self.names = names(paths)
         self.on_change = on_change
         self.interval = interval
         self.resync = max(resync, interval)
@@ -101,6 +114,7 @@ class FileWatch:
         self.use_inotify = inotify
         self.watching = False
         self.events = 0  # inotify events read (for tests and debugging)
+        self.relevant = 0  # of which about the files (or the directory itself)
         self.calls = 0  # callbacks run
         self._fd = -1
         self._changed = asyncio.Event()
@@ -127,7 +141,7 @@ class FileWatch:
         return True
 
     def _readable(self) -> None:
-        lost = False
+        lost = changed = False
         for _ in range(_READS_PER_CALLBACK):
             try:
                 data = os.read(self._fd, _READ_SIZE)
@@ -143,14 +157,20 @@ class FileWatch:
             at = 0
             while at + _EVENT.size <= len(data):
                 _, mask, _, size = _EVENT.unpack_from(data, at)
+                name = data[at + _EVENT.size : at + _EVENT.size + size].rstrip(b"\0")
                 at += _EVENT.size + size
                 self.events += 1
                 if mask & (_IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF):
                     lost = True  # a watched directory went away or moved: poll from now on
+                    self.relevant += 1
+                elif mask & _IN_Q_OVERFLOW or name in self.names or name.startswith(b".."):
+                    changed = True
+                    self.relevant += 1
         if lost:
             self._unwatch()
             log.info("a watched directory went away: polling every %g s", self.interval)
-        self._changed.set()
+        if lost or changed:
+            self._changed.set()
 
     def _unwatch(self) -> None:
         if self._fd >= 0:

@@ -66,7 +66,7 @@ async def test_serving_certificate_reload(pki: PKI, caplog: pytest.LogCaptureFix
         bind_address="127.0.0.1",
         tls_cert_file=pki.files["cert"],
         tls_private_key_file=pki.files["key"],
-        reload_interval=0.05,
+        reload_interval=3600.0,  # no poll within the test: inotify (kcms/filewatch.py) must notice
     )
     async with running(pki, serving=serving) as server:
         first = await peer_serial(server.port, ca=pki.server_ca)
@@ -75,7 +75,7 @@ async def test_serving_certificate_reload(pki: PKI, caplog: pytest.LogCaptureFix
         pki.write("tls.crt", new.cert_chain_pems[0].bytes())
         want = x509.load_pem_x509_certificate(new.cert_chain_pems[0].bytes()).serial_number
         assert want != first
-        for _ in range(200):  # bounded wait for the poller; no timing asserted
+        for _ in range(200):  # bounded wait for the file watch; no timing asserted
             if server.reloader.reloads and await peer_serial(server.port, ca=pki.server_ca) == want:
                 break
             await asyncio.sleep(0.05)

@@ -1,6 +1,7 @@
 """kcms.filewatch: certificate and CA files noticed on change through inotify, with no timer
 waking the process every few seconds (issue 9's fixed costs), and polling where inotify cannot
-watch. The server-level tests use a reload interval of an hour, so only inotify can pass them."""
+watch. The server-level tests (this one's client CA, tests/test_apiserver_tls.py's serving
+certificate) use a reload interval of an hour, so only inotify can pass them."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from _apiserver_helpers import (
     pki_fixture,  # noqa: F401  (pytest fixture)
     running,
 )
-from cryptography import x509
-from test_apiserver_tls import peer_serial
 
 from kcms.apiserver import ServingOptions
 from kcms.apiserver.serving import CertReloader
@@ -114,29 +113,51 @@ async def test_a_symlink_into_another_directory_has_its_target_watched(tmp_path:
         await watch.stop()
 
 
-async def test_a_flood_of_events_gives_one_look_per_settling_delay(tmp_path: Path) -> None:
-    """A hostile (or busy) writer in the watched directory: 5000 writes to another file (a turn of the loop every 10) cost
-    at most one look per settle seconds, and the looks go on."""
-    (tmp_path / "tls.crt").write_bytes(b"x")
+async def test_a_flood_of_writes_gives_one_look_per_settling_delay(tmp_path: Path) -> None:
+    """A hostile (or busy) writer of the watched file: 5000 writes (a turn of the loop every 10)
+    cost at most one look per settle seconds, and the looks go on."""
+    watched = tmp_path / "tls.crt"
+    watched.write_bytes(b"x")
     calls = Calls()
     settle = 0.2
-    watch = FileWatch([str(tmp_path / "tls.crt")], calls, interval=HOUR, settle=settle)
+    watch = FileWatch([str(watched)], calls, interval=HOUR, settle=settle)
     watch.start()
     try:
         started = time.monotonic()
-        noise = tmp_path / "noise"
         for i in range(5_000):
-            noise.write_bytes(b"%d" % i)
+            watched.write_bytes(b"%d" % i)
             if i % 10 == 0:
                 await asyncio.sleep(0)  # let the watch read (without settling: ~250 looks)
         elapsed = time.monotonic() - started
         await eventually(lambda: calls.n >= 1)
         await asyncio.sleep(2 * settle)
-        assert watch.events >= 5_000  # every write was seen...
+        assert watch.relevant >= 5_000  # every write was seen...
         assert 1 <= calls.n <= elapsed / settle + 3  # ...and coalesced into a few looks
         n = calls.n
-        (tmp_path / "tls.crt").write_bytes(b"y")
+        watched.write_bytes(b"y")
         assert await eventually(lambda: calls.n > n)
+    finally:
+        await watch.stop()
+
+
+async def test_other_files_in_the_directory_cause_no_look(tmp_path: Path) -> None:
+    """A log file beside the certificates: were its writes looks, a look that logs a failure
+    would trigger the next one, forever."""
+    (tmp_path / "tls.crt").write_bytes(b"x")
+    calls = Calls()
+    watch = FileWatch([str(tmp_path / "tls.crt")], calls, interval=HOUR, settle=0.01)
+    watch.start()
+    try:
+        log_file = tmp_path / "kcms.log"
+        for i in range(200):
+            log_file.write_bytes(b"line %d\n" % i)
+            (tmp_path / f"other-{i % 3}").write_bytes(b"x")
+            await asyncio.sleep(0)
+        assert await eventually(lambda: watch.events >= 400)  # seen, and ignored
+        await asyncio.sleep(0.2)
+        assert calls.n == 0 and watch.relevant == 0
+        (tmp_path / "tls.crt").write_bytes(b"y")
+        assert await eventually(lambda: calls.n == 1)
     finally:
         await watch.stop()
 
@@ -177,25 +198,6 @@ async def test_without_inotify_it_polls_and_a_failing_look_does_not_end_it(
         assert any("file change failed" in r.getMessage() for r in caplog.records)
     finally:
         await watch.stop()
-
-
-async def test_the_server_reloads_its_certificate_on_change_with_no_poll(pki: PKI) -> None:
-    serving = ServingOptions(
-        secure_port=0,
-        bind_address="127.0.0.1",
-        tls_cert_file=pki.files["cert"],
-        tls_private_key_file=pki.files["key"],
-        reload_interval=HOUR,
-    )
-    async with running(pki, serving=serving) as server:
-        first = await peer_serial(server.port, ca=pki.server_ca)
-        new = pki.server_ca.issue_cert("127.0.0.1", "localhost")
-        pki.write("tls.key", new.private_key_pem.bytes())
-        pki.write("tls.crt", new.cert_chain_pems[0].bytes())
-        want = x509.load_pem_x509_certificate(new.cert_chain_pems[0].bytes()).serial_number
-        assert want != first
-        assert await eventually(lambda: server.reloader is not None and server.reloader.reloads >= 1)
-        assert await peer_serial(server.port, ca=pki.server_ca) == want
 
 
 async def test_the_server_trusts_a_new_client_ca_file_with_no_poll(pki: PKI) -> None:
