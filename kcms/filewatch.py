@@ -60,24 +60,19 @@ _READ_SIZE = 64 * 1024
 _READS_PER_CALLBACK = 4  # a flood is drained over several loop turns, never in one
 
 
+def _locations(paths: Iterable[str]) -> list[str]:
+    """Each path as given (absolute) and its symlink target: where its events can come from."""
+    return [q for p in paths if p for q in (os.path.abspath(p), os.path.realpath(p))]
+
+
 def directories(paths: Iterable[str]) -> list[str]:
     """The directories to watch for ``paths``: each one's own, and its symlink target's."""
-    out: list[str] = []
-    for p in paths:
-        if not p:
-            continue
-        for q in (os.path.abspath(p), os.path.realpath(p)):
-            d = os.path.dirname(q)
-            if d not in out:
-                out.append(d)
-    return out
+    return list(dict.fromkeys(os.path.dirname(q) for q in _locations(paths)))
 
 
 def names(paths: Iterable[str]) -> frozenset[bytes]:
     """The file names whose events matter for ``paths``: each one's, and its symlink target's."""
-    return frozenset(
-        os.fsencode(os.path.basename(q)) for p in paths if p for q in (os.path.abspath(p), os.path.realpath(p))
-    )
+    return frozenset(os.fsencode(os.path.basename(q)) for q in _locations(paths))
 
 
 def _libc() -> ctypes.CDLL | None:
