@@ -164,6 +164,7 @@ WANTED = (
     "kcms_kubelet_scrapes_total",
     "kcms_kubelet_nodes_missing",
     "kcms_metrics_pod_blocks_rendered_total",
+    "kcms_metrics_pod_blocks_previous_total",
 )
 
 
@@ -178,6 +179,7 @@ class Scrapes:
     scrapes: dict[str, float] = field(default_factory=dict)  # result -> count
     nodes_missing: float = float("nan")
     blocks_rendered: dict[str, float] = field(default_factory=dict)  # when (ahead, on_list) -> nodes
+    blocks_previous: float = 0.0  # nodes a list of every pod served as of their previous scrape
 
     def delta(self, before: Scrapes) -> dict[str, Any]:
         reasons = sorted(set(self.failures_by_reason) | set(before.failures_by_reason))
@@ -215,6 +217,8 @@ def parse_scrapes(text: str) -> Scrapes:
             out.nodes_missing = v
         elif name == "kcms_metrics_pod_blocks_rendered_total":
             out.blocks_rendered[lab.get("when", "")] = v
+        elif name == "kcms_metrics_pod_blocks_previous_total":
+            out.blocks_previous = v
     return out
 
 

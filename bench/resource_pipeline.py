@@ -384,11 +384,17 @@ class Run(ProcessRun):
             return {"skipped": f"cycles of {self.r['cycle_wall_s']:.2f} s"}
         out: dict = {}
         for phase in ("between", "during"):
+            before = read_scrapes(self.client)
             lists, floors = self.in_phase(phase, [
                 lambda: self.client.get(PODS_PATH, encoding=enc).seconds * 1000,
                 lambda: floor.get("/", encoding=enc).seconds * 1000,
             ])  # fmt: skip
             fig: dict = {"list_ms": [round(x, 1) for x in lists], "floor_ms": [round(x, 1) for x in floors]}
+            after = read_scrapes(self.client)
+            # nodes the phase's lists rendered themselves, and served as of their previous scrape
+            on_list = after.blocks_rendered.get("on_list", 0) - before.blocks_rendered.get("on_list", 0)
+            fig["nodes_on_list"] = int(on_list)
+            fig["nodes_previous"] = int(after.blocks_previous - before.blocks_previous)
             if lists and floors:
                 fig.update(list_p50_ms=statistics.median(lists), floor_p50_ms=statistics.median(floors),
                            ratio=statistics.median(lists) / statistics.median(floors))  # fmt: skip

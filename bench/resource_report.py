@@ -277,6 +277,9 @@ def raw_lines(r: dict) -> list[str]:
     for phase, f in (r.get("by_cycle") or {}).items():
         if isinstance(f, dict):
             out.append(f"  list all pods (gzip) {phase} scrape cycles: lists {f['list_ms']} ms, floor {f['floor_ms']} ms")
+            if "nodes_on_list" in f:
+                out.append(f"    nodes the lists rendered: {f['nodes_on_list']}; served as of their previous scrape: "
+                           f"{f['nodes_previous']}")  # fmt: skip
     if r.get("load"):
         ld = r["load"]
         out += [

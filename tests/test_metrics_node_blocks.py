@@ -82,7 +82,9 @@ def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
     for namespace, name in PODS:
         inv.put_pod(pod_info(namespace, name, {"app": "web"}))
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
+    # never rendered ahead, so no block stands in for a newer scrape: every list serves the newest
+    # (tests/test_metrics_node_blocks_previous.py has the same operations with rendering ahead)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0)
     t = START
     lists = 0
     # the store's log of changed nodes holds every node whose token changed (rendering ahead
@@ -123,7 +125,7 @@ def test_a_pod_moving_to_another_node_is_listed_once_with_its_new_readings():
     inv.put_pod(pod_info("a", "p0", {}))  # PODS[0]
     inv.put_pod(pod_info("b", "p1", {}))  # PODS[1]
     store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv))
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0)  # the newest, always
 
     def listed() -> dict:
         body = asyncio.run(collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED)))

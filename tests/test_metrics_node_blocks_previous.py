@@ -1,0 +1,259 @@
+"""While lists of every pod come often (blocks rendered ahead), a list during a scrape cycle serves
+a node's previous block when its newest scrape is not rendered yet (kcms.apis.metrics.blocks):
+never a pod twice, never a pod the inventory no longer holds as it was, never a block older than a
+resolution, and the newest readings once rendering ahead has caught up."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_metrics_list_render import POD_HEAD, MutableInventory, collect, pod_info
+from test_metrics_node_blocks import (
+    CREATED,
+    NODES,
+    PODS,
+    START,
+    LoggedInventory,
+    operations,
+    reference,
+    rendered,
+    rendering_ahead_for,
+    scrape,
+    scrape_all,
+)
+
+from kcms.apis.metrics import blocks, render
+from kcms.store.resource import ResourceStore
+from kcms.tasks import STREAMS
+
+
+def previous() -> float:
+    return blocks.BLOCKS_PREVIOUS._value.get()  # noqa: SLF001 - prometheus_client's value
+
+
+async def listed(renderer: blocks.NodeBlocks, store: ResourceStore) -> bytes:
+    return await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+
+
+def items_by_pod(body: bytes) -> dict[tuple[str, str], dict]:
+    items = orjson.loads(body)["items"]
+    by_pod = {(i["metadata"].get("namespace", ""), i["metadata"]["name"]): i for i in items}
+    assert len(by_pod) == len(items)  # each pod once
+    return by_pod
+
+
+async def test_a_list_during_a_cycle_serves_nodes_not_rendered_yet_as_of_their_previous_scrape():
+    from _kube_helpers import eventually
+
+    inv, store, renderer = await rendering_ahead_for(5.0)
+    before = reference(store, inv, time.monotonic())[0]  # what the lists just served
+    await asyncio.sleep(1.0)  # the next list 1 s after the last: rendering ahead goes on
+    on_list, stood_in, ahead = rendered("on_list"), previous(), rendered("ahead")
+    scrape_all(store, START + 30)  # no turn of the loop since: nothing rendered ahead yet
+    during = await listed(renderer, store)
+    assert during == before  # every node as of its previous scrape, nothing rendered by the list
+    assert during != reference(store, inv, time.monotonic())[0]
+    assert rendered("on_list") == on_list and previous() - stood_in == 3
+    # the nodes it stood in for are rendered ahead, and the next list serves the newest scrape
+    await eventually(lambda: rendered("ahead") - ahead == 3)
+    after = await listed(renderer, store)
+    assert after == reference(store, inv, time.monotonic())[0] and previous() - stood_in == 3
+
+
+def delete(inv: MutableInventory, key: tuple[str, str]) -> None:
+    """Delete a pod from the inventory (logged in a LoggedInventory, as an informer's delete is)."""
+    if inv.pod_map.pop(key, None) is not None and isinstance(inv, LoggedInventory):
+        inv.version += 1
+        inv.log.append(key)
+
+
+# Each changes PODS[0] or PODS[3] (n0's) after two scrapes of every node and two lists.
+
+
+def moved(inv: MutableInventory, store: ResourceStore) -> None:
+    """PODS[0] is recreated on n1 under the same name (a StatefulSet's), and n1's scrape carries
+    it; n0's next scrape has not come. n0's block still holds it: standing in would list it twice."""
+    store.store(scrape("n1", {1, 4, 7, 0}, 2, START + 30))
+
+
+def relabelled(inv: MutableInventory, store: ResourceStore) -> None:
+    scrape_all(store, START + 30)
+    inv.put_pod(dataclasses.replace(inv.pod(*PODS[3]), labels={"app": "relabelled"}))
+
+
+def deleted(inv: MutableInventory, store: ResourceStore) -> None:
+    """PODS[3] is deleted: gone from the inventory, and n0's next scrape no longer carries it."""
+    store.store(scrape("n0", {0, 6}, 2, START + 30))
+    delete(inv, PODS[3])
+
+
+def not_running(inv: MutableInventory, store: ResourceStore) -> None:
+    """PODS[3] succeeded: still in the inventory and (for a last time) in n0's scrape."""
+    scrape_all(store, START + 30)
+    inv.put_pod(dataclasses.replace(inv.pod(*PODS[3]), phase="Succeeded"))
+
+
+@pytest.mark.parametrize("change", [moved, relabelled, deleted, not_running])
+@pytest.mark.parametrize("inventory", [MutableInventory, LoggedInventory])
+async def test_a_block_does_not_stand_in_once_one_of_its_pods_moved_changed_or_left(change, inventory):
+    inv = inventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    for t in (START, START + 15):
+        scrape_all(store, t)
+    for pause in (0.1, 0):
+        await listed(renderer, store)
+        await asyncio.sleep(pause)
+    on_list = rendered("on_list")
+    change(inv, store)
+    got = items_by_pod(await listed(renderer, store))  # no turn of the loop since: nothing rendered ahead
+    newest = items_by_pod(reference(store, inv, time.monotonic())[0])
+    for key in PODS[0::3]:  # n0's pods: its block did not stand in, it was rendered again
+        assert got.get(key) == newest.get(key)
+    assert rendered("on_list") - on_list >= 1
+
+
+async def test_a_block_rendered_more_than_two_resolutions_ago_does_not_stand_in():
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0.5)  # "a resolution" of 0.5 s
+    assert blocks.STAND_IN_FOR == 2
+    for t in (START, START + 15):
+        scrape_all(store, t)
+    for _ in range(4):  # lists 0.4 s apart, nothing scraped: the blocks rendered by the first stay
+        await listed(renderer, store)
+        await asyncio.sleep(0.4)
+    on_list, stood_in = rendered("on_list"), previous()
+    scrape_all(store, START + 30)
+    assert await listed(renderer, store) == reference(store, inv, time.monotonic())[0]
+    assert rendered("on_list") - on_list == 3 and previous() == stood_in
+
+
+async def test_a_node_with_no_pod_served_yet_is_rendered_by_the_list():
+    """At start each node's first scrape gives no rate: its block is empty. The list after its
+    second scrape renders it (its pods are served from then on) rather than serving it empty."""
+    inv = MutableInventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    scrape_all(store, START)
+    for pause in (0.5, 0):  # rendering ahead on for the next second
+        assert items_by_pod(await listed(renderer, store)) == {}
+        await asyncio.sleep(pause)
+    scrape_all(store, START + 15)
+    body = await listed(renderer, store)
+    assert body == reference(store, inv, time.monotonic())[0] and len(items_by_pod(body)) == len(PODS)
+
+
+async def test_rendering_ahead_takes_smaller_steps_while_a_long_response_streams(monkeypatch):
+    """A step renders about SLICE pods, PRERENDER_STREAMING_SLICE while a long response streams:
+    the list's next chunk waits behind less."""
+    nodes = [f"s{i}" for i in range(40)]
+    keys = {node: [("s", f"{node}-p{j}") for j in range(30)] for node in nodes}
+    inv = MutableInventory()
+    for node_keys in keys.values():
+        for key in node_keys:
+            inv.put_pod(pod_info(*key, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=60.0)
+
+    def scrape_every_node(t: float) -> None:
+        for node, node_keys in keys.items():
+            batch = scrape(node, set(), 1, t)
+            for key in node_keys:
+                batch.pods[key] = dict(scrape(node, {0}, 1, t).pods[PODS[0]])
+            store.store(batch)
+
+    for t in (START, START + 15):
+        scrape_every_node(t)
+    for pause in (0.5, 0):  # two lists 0.5 s apart: rendering ahead for the next second
+        await listed(renderer, store)
+        await asyncio.sleep(pause)
+    renderer._prerender_handle.cancel()  # noqa: SLF001 - steps are run by hand below
+    steps = {}
+    for streams, t in ((0, START + 30), (1, START + 45)):
+        monkeypatch.setattr(STREAMS, "count", streams)
+        scrape_every_node(t)
+        ahead = rendered("ahead")
+        renderer._prerender_step()  # noqa: SLF001
+        renderer._prerender_handle.cancel()  # noqa: SLF001
+        steps[streams] = rendered("ahead") - ahead
+        renderer._pending.clear()  # noqa: SLF001 - the next round starts from its own scrapes
+    # nodes of 30 pods: a step ends once its budget (31 a node) is spent
+    assert steps == {0: -(-render.SLICE // 31), 1: -(-blocks.PRERENDER_STREAMING_SLICE // 31)}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations, st.booleans(), st.lists(st.booleans(), min_size=41, max_size=41))
+def test_while_rendering_ahead_a_list_serves_each_pod_once_as_it_is_or_was_then_catches_up(
+    ops, logged, turns
+):
+    """Any sequence of scrapes, inventory changes and lists, with rendering ahead on and the loop
+    turning (or not) after each operation: every list serves each pod at most once, each item as
+    the per-pod rules served it at some moment since the start (the newest, or an older scrape with
+    the inventory's current metadata); once rendering ahead has caught up, exactly the newest."""
+    clock = [time.monotonic()]  # NodeBlocks' clock: 5 s pass before each list
+
+    async def run() -> None:
+        inv = LoggedInventory() if logged else MutableInventory()
+        for namespace, name in PODS:
+            inv.put_pod(pod_info(namespace, name, {"app": "web"}))
+        store = ResourceStore(15.0, max_age=3600.0)
+        renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=60.0)
+        served: dict[tuple[str, str], set[bytes]] = {}  # every item the per-pod rules gave
+
+        async def list_items() -> bytes:
+            clock[0] += 5.0  # lists 5 s apart: rendering ahead stays on (for 10 s of this clock)
+            return await listed(renderer, store)
+
+        t = START
+        for _ in range(2):
+            await list_items()
+        for op, turn in zip([*ops, ("list",)], turns, strict=False):
+            if op[0] == "scrape":
+                t += 15.0
+                store.store(scrape(NODES[op[1]], op[2], op[3], t))
+            elif op[0] == "put":
+                namespace, name = PODS[op[1]]
+                inv.put_pod(pod_info(namespace, name, op[2], phase=op[3]))
+            elif op[0] == "delete":
+                delete(inv, PODS[op[1]])
+            elif op[0] == "forget":
+                store.forget_node(NODES[op[1]])
+            else:
+                for key, item in items_by_pod(await list_items()).items():
+                    pod = inv.pod(*key)
+                    assert pod is not None and pod.phase == "Running"
+                    assert item["metadata"].get("labels", {}) == pod.labels
+                    assert orjson.dumps(item) in served.get(key, ())
+            for key, item in items_by_pod(reference(store, inv, time.monotonic())[0]).items():
+                served.setdefault(key, set()).add(orjson.dumps(item))
+            if turn:
+                await asyncio.sleep(0)  # a step of rendering ahead may run
+        expected = reference(store, inv, time.monotonic())[0]
+        for _ in range(100):
+            if await list_items() == expected:
+                break
+            await asyncio.sleep(0.001)
+        else:
+            raise AssertionError("rendering ahead never caught up")
+        assert renderer._prerender_handle is not None  # noqa: SLF001 - it was on throughout
+        renderer._prerender_handle.cancel()  # noqa: SLF001
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(blocks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+        mp.setattr(blocks, "PRERENDER_PERIOD", 0.0)  # a step every turn of the loop
+        mp.setattr(blocks, "PRERENDER_IDLE_PERIOD", 0.001)
+        asyncio.run(run())
