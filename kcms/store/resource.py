@@ -515,7 +515,7 @@ class ResourceStore:
 
     def node_owns(self, node: str, keys: list[PodKey]) -> bool:
         """Whether every pod of ``keys`` has its readings from ``node``'s scrapes (a C-level pass:
-        ~40 ns a pod)."""
+        2.6 us for 30 pods in a store of 150 000)."""
         return all(map(eq, repeat(node), map(self._pod_node.get, keys)))
 
     def node_pod_rates(

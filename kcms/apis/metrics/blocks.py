@@ -15,7 +15,7 @@ at 150 000 pods the per-pod loop alone took ~300 ms, more than writing the 56 MB
 While such lists come at least once a resolution, blocks are rendered ahead, in the background
 after each scrape; a list that finds a node's block superseded by a scrape not rendered yet serves
 that block (the node's previous scrape, rendered within two resolutions) and leaves the node to
-rendering ahead. So a list during a scrape cycle renders nothing itself, and some of its items are
+rendering ahead. So a list during a scrape cycle renders little itself, and some of its items are
 a scrape older than the newest (their ``timestamp`` says so): metrics-server serves a whole cycle
 older until its cycle ends.
 
