@@ -54,6 +54,28 @@ def scrape(node: str, keys: set[int], containers: int, t: float) -> NodeBatch:
     return batch
 
 
+def delete(inv: MutableInventory, key: tuple[str, str]) -> None:
+    """Delete a pod from the inventory (logged in a LoggedInventory, as an informer's delete is)."""
+    if inv.pod_map.pop(key, None) is not None and isinstance(inv, LoggedInventory):
+        inv.version += 1
+        inv.log.append(key)
+
+
+def apply(op: tuple, store: ResourceStore, inv: MutableInventory, t: float) -> float:
+    """Carry out one of ``operations`` other than "list"; the time of the last scrape after it."""
+    if op[0] == "scrape":
+        t += 15.0
+        store.store(scrape(NODES[op[1]], op[2], op[3], t))
+    elif op[0] == "put":
+        namespace, name = PODS[op[1]]
+        inv.put_pod(pod_info(namespace, name, op[2], phase=op[3]))
+    elif op[0] == "delete":
+        delete(inv, PODS[op[1]])
+    elif op[0] == "forget":
+        store.forget_node(NODES[op[1]])
+    return t
+
+
 def reference(store: ResourceStore, inv: MutableInventory, now: float) -> tuple[bytes, set]:
     """The items the per-pod rules serve, in node-block order; and, independently of any order,
     which pods the per-pod path would list."""
@@ -96,16 +118,8 @@ def test_node_blocks_serve_what_the_per_pod_path_serves(ops):
         assert changed is not None
         assert {node for node, token in now_tokens.items() if tokens.get(node) is not token} <= set(changed)
         tokens = now_tokens
-        if op[0] == "scrape":
-            t += 15.0
-            store.store(scrape(NODES[op[1]], op[2], op[3], t))
-        elif op[0] == "put":
-            namespace, name = PODS[op[1]]
-            inv.put_pod(pod_info(namespace, name, op[2], phase=op[3]))
-        elif op[0] == "delete":
-            inv.pod_map.pop(PODS[op[1]], None)
-        elif op[0] == "forget":
-            store.forget_node(NODES[op[1]])
+        if op[0] != "list":
+            t = apply(op, store, inv, t)
         else:
             now = time.monotonic()
             got = asyncio.run(collect(POD_HEAD, renderer.items(store, now, CREATED)))

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from test_metrics_list_render import POD_HEAD, MutableInventory, collect, pod_info
 from test_metrics_node_blocks import (
     CREATED,
-    NODES,
     PODS,
     START,
     LoggedInventory,
+    apply,
+    delete,
     operations,
     reference,
     rendered,
@@ -40,6 +41,17 @@ def previous() -> float:
 
 async def listed(renderer: blocks.NodeBlocks, store: ResourceStore) -> bytes:
     return await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+
+
+def cluster(
+    prerender_within: float, inventory: type[MutableInventory] = MutableInventory
+) -> tuple[MutableInventory, ResourceStore, blocks.NodeBlocks]:
+    """PODS in an inventory, an empty store, and the blocks of a renderer over them."""
+    inv = inventory()
+    for namespace, name in PODS:
+        inv.put_pod(pod_info(namespace, name, {}))
+    store = ResourceStore(15.0, max_age=3600.0)
+    return inv, store, blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=prerender_within)
 
 
 def items_by_pod(body: bytes) -> dict[tuple[str, str], dict]:
@@ -65,13 +77,6 @@ async def test_a_list_during_a_cycle_serves_nodes_not_rendered_yet_as_of_their_p
     await eventually(lambda: rendered("ahead") - ahead == 3)
     after = await listed(renderer, store)
     assert after == reference(store, inv, time.monotonic())[0] and previous() - stood_in == 3
-
-
-def delete(inv: MutableInventory, key: tuple[str, str]) -> None:
-    """Delete a pod from the inventory (logged in a LoggedInventory, as an informer's delete is)."""
-    if inv.pod_map.pop(key, None) is not None and isinstance(inv, LoggedInventory):
-        inv.version += 1
-        inv.log.append(key)
 
 
 # Each changes PODS[0] or PODS[3] (n0's) after two scrapes of every node and two lists.
@@ -103,11 +108,7 @@ def not_running(inv: MutableInventory, store: ResourceStore) -> None:
 @pytest.mark.parametrize("change", [moved, relabelled, deleted, not_running])
 @pytest.mark.parametrize("inventory", [MutableInventory, LoggedInventory])
 async def test_a_block_does_not_stand_in_once_one_of_its_pods_moved_changed_or_left(change, inventory):
-    inv = inventory()
-    for namespace, name in PODS:
-        inv.put_pod(pod_info(namespace, name, {}))
-    store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    inv, store, renderer = cluster(5.0, inventory)
     for t in (START, START + 15):
         scrape_all(store, t)
     for pause in (0.1, 0):
@@ -123,11 +124,7 @@ async def test_a_block_does_not_stand_in_once_one_of_its_pods_moved_changed_or_l
 
 
 async def test_a_block_rendered_more_than_two_resolutions_ago_does_not_stand_in():
-    inv = MutableInventory()
-    for namespace, name in PODS:
-        inv.put_pod(pod_info(namespace, name, {}))
-    store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0.5)  # "a resolution" of 0.5 s
+    inv, store, renderer = cluster(0.5)  # "a resolution" of 0.5 s
     assert blocks.STAND_IN_FOR == 2
     for t in (START, START + 15):
         scrape_all(store, t)
@@ -143,11 +140,7 @@ async def test_a_block_rendered_more_than_two_resolutions_ago_does_not_stand_in(
 async def test_a_node_with_no_pod_served_yet_is_rendered_by_the_list():
     """At start each node's first scrape gives no rate: its block is empty. The list after its
     second scrape renders it (its pods are served from then on) rather than serving it empty."""
-    inv = MutableInventory()
-    for namespace, name in PODS:
-        inv.put_pod(pod_info(namespace, name, {}))
-    store = ResourceStore(15.0, max_age=3600.0)
-    renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=5.0)
+    inv, store, renderer = cluster(5.0)
     scrape_all(store, START)
     for pause in (0.5, 0):  # rendering ahead on for the next second
         assert items_by_pod(await listed(renderer, store)) == {}
@@ -222,16 +215,8 @@ def test_while_rendering_ahead_a_list_serves_each_pod_once_as_it_is_or_was_then_
         for _ in range(2):
             await list_items()
         for op, turn in zip([*ops, ("list",)], turns, strict=False):
-            if op[0] == "scrape":
-                t += 15.0
-                store.store(scrape(NODES[op[1]], op[2], op[3], t))
-            elif op[0] == "put":
-                namespace, name = PODS[op[1]]
-                inv.put_pod(pod_info(namespace, name, op[2], phase=op[3]))
-            elif op[0] == "delete":
-                delete(inv, PODS[op[1]])
-            elif op[0] == "forget":
-                store.forget_node(NODES[op[1]])
+            if op[0] != "list":
+                t = apply(op, store, inv, t)
             else:
                 for key, item in items_by_pod(await list_items()).items():
                     pod = inv.pod(*key)
