@@ -190,6 +190,11 @@ class Scrapes:
             },
             "scrapes_failed": self.scrapes.get("failure", 0) - before.scrapes.get("failure", 0),
             "scrapes_succeeded": self.scrapes.get("success", 0) - before.scrapes.get("success", 0),
+            # the list of every pod's node blocks: rendered by a list, ahead, or served as of the
+            # node's previous scrape (kcms/apis/metrics/blocks.py)
+            "nodes_on_list": self.blocks_rendered.get("on_list", 0) - before.blocks_rendered.get("on_list", 0),
+            "nodes_ahead": self.blocks_rendered.get("ahead", 0) - before.blocks_rendered.get("ahead", 0),
+            "nodes_previous": self.blocks_previous - before.blocks_previous,
         }
 
 

@@ -289,6 +289,8 @@ def raw_lines(r: dict) -> list[str]:
             f"by reason {ld['failures_by_reason']}; nodes missing at the end {ld['nodes_missing_end']:g}",
             f"  load: cycle durations {', '.join(f'{d:.3f}' for d in ld['cycle_seconds'])} s",
             f"  load: fewest pods in a list {ld['min_items_pct']:.1f} %, pods served right after {ld['pods_served_pct_end']:.2f} %",
+            f"  load: nodes rendered by the lists {ld.get('nodes_on_list', 0):g}, ahead {ld.get('nodes_ahead', 0):g}, "
+            f"served as of their previous scrape {ld.get('nodes_previous', 0):g}",
         ]  # fmt: skip
     out.append(f"  pods served at the end: {r['pods_served_pct']:.2f} % (before the load phase {r['pods_served_pct_before_load']:.2f} %); "
                f"RSS after the load phase {r.get('rss_mb_after_load', float('nan')):.1f} MB")  # fmt: skip

@@ -373,6 +373,19 @@ async def test_rendering_ahead_looks_often_while_scrapes_come_and_backs_off_betw
     assert period() == blocks.PRERENDER_PERIOD  # a node changed: looking often again
 
 
+async def test_a_short_gap_between_two_lists_does_not_stop_rendering_ahead_sooner():
+    """Two clients listing at once start lists milliseconds apart: that gap must not cut short the
+    rendering ahead that the longer gap before it asked for."""
+    from _kube_helpers import eventually
+
+    _, store, renderer = await rendering_ahead_for(4.0)  # lists 2 s apart: on for the next 4 s
+    await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))  # a few ms later
+    await asyncio.sleep(0.5)  # past twice the short gap, within the 4 s
+    ahead = rendered("ahead")
+    store.store(scrape("n0", {0, 3, 6}, 2, START + 30))
+    await eventually(lambda: rendered("ahead") == ahead + 1, limit=2.0)
+
+
 async def test_lists_further_apart_than_a_resolution_never_render_ahead():
     inv = MutableInventory()
     for namespace, name in PODS:
