@@ -137,6 +137,18 @@ async def test_a_block_rendered_more_than_two_resolutions_ago_does_not_stand_in(
     assert rendered("on_list") - on_list == 3 and previous() == stood_in
 
 
+async def test_no_block_stands_in_once_rendering_ahead_has_run_its_time():
+    """Rendering ahead's window ends up to PRERENDER_IDLE_PERIOD before its next step notices;
+    a list in between renders the superseded blocks itself (nothing would replace a stand-in)."""
+    inv, store, renderer = await rendering_ahead_for(5.0)
+    assert renderer._prerender_handle is not None  # noqa: SLF001 - a step is still to come
+    renderer._prerender_until = time.monotonic() - 1.0  # noqa: SLF001 - the window has just ended
+    on_list, stood_in = rendered("on_list"), previous()
+    scrape_all(store, START + 30)
+    assert await listed(renderer, store) == reference(store, inv, time.monotonic())[0]
+    assert rendered("on_list") - on_list == 3 and previous() == stood_in
+
+
 async def test_a_node_with_no_pod_served_yet_is_rendered_by_the_list():
     """At start each node's first scrape gives no rate: its block is empty. The list after its
     second scrape renders it (its pods are served from then on) rather than serving it empty."""
