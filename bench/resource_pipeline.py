@@ -390,11 +390,10 @@ class Run(ProcessRun):
                 lambda: floor.get("/", encoding=enc).seconds * 1000,
             ])  # fmt: skip
             fig: dict = {"list_ms": [round(x, 1) for x in lists], "floor_ms": [round(x, 1) for x in floors]}
-            after = read_scrapes(self.client)
             # nodes the phase's lists rendered themselves, and served as of their previous scrape
-            on_list = after.blocks_rendered.get("on_list", 0) - before.blocks_rendered.get("on_list", 0)
-            fig["nodes_on_list"] = int(on_list)
-            fig["nodes_previous"] = int(after.blocks_previous - before.blocks_previous)
+            counts = read_scrapes(self.client).delta(before)
+            fig["nodes_on_list"] = int(counts["nodes_on_list"])
+            fig["nodes_previous"] = int(counts["nodes_previous"])
             if lists and floors:
                 fig.update(list_p50_ms=statistics.median(lists), floor_p50_ms=statistics.median(floors),
                            ratio=statistics.median(lists) / statistics.median(floors))  # fmt: skip

@@ -1,7 +1,7 @@
 """While lists of every pod come often (blocks rendered ahead), a list during a scrape cycle serves
 a node's previous block when its newest scrape is not rendered yet (kcms.apis.metrics.blocks):
-never a pod twice, never a pod the inventory no longer holds as it was, never a block older than a
-resolution, and the newest readings once rendering ahead has caught up."""
+never a pod twice, never a pod the inventory no longer holds as it was, never a block rendered more
+than two resolutions before, and the newest readings once rendering ahead has caught up."""
 
 from __future__ import annotations
 

@@ -131,6 +131,11 @@ class _NodeBlock:
         self.text = text
         self.rendered = time.monotonic()
 
+    def unchanged_in(self, pod: Callable[[str, str], PodInfo | None]) -> bool:
+        """Whether the inventory (``pod``: its lookup) still holds exactly this block's pods (one
+        C-level ``starmap``)."""
+        return list(starmap(pod, self.keys)) == self.infos
+
 
 class NodeBlocks:
     """Every node's pods rendered as list items, for :meth:`items`, and rendered ahead while such
@@ -199,14 +204,14 @@ class NodeBlocks:
                 pass
             elif block.token is token:
                 work += 1
-                if check_all and list(starmap(lookup, block.keys)) != block.infos:
+                if check_all and not block.unchanged_in(lookup):
                     block = None  # a pod of the node changed (labels, phase) or left the inventory
             elif (
                 stand_in
                 and block.text  # a node with no pod served yet (a first scrape) is rendered now
                 and block.rendered >= rendered_since
                 and owns(node, block.keys)
-                and list(starmap(lookup, block.keys)) == block.infos
+                and block.unchanged_in(lookup)
             ):
                 work += 1
                 pending[node] = None
