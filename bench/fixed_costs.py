@@ -5,10 +5,16 @@
 The simulator serves N kubelets (30 pods x 2 containers each) on 127.x addresses, the test
 suite's fake kube-apiserver serves their Nodes and Pods, and `kcms standalone` scrapes them every
 15 s, exactly as bench/resource_pipeline.py wires them. Once the process is ready and has done two
-scrape cycles, we measure its CPU seconds (user + system, psutil) over --seconds of idle running
-(no queries at all, not even /metrics) and its RSS (and USS: memory private to the process) at the
-end. Printed: millicores in total and per node, RSS/USS MiB, and, for comparison, metrics-server
-v0.9's figures from issue 9 (3.0x CPU and 1.5x RSS of it measured here before this work).
+scrape cycles, we measure its CPU seconds (the process CPU clock; user and system apart in /proc's
+10 ms ticks) over --seconds of idle running (no queries at all, not even /metrics) and its RSS (and
+USS: memory private to the process) at the end. Printed: millicores in total and per node, RSS/USS
+MiB, and metrics-server's CPU per node scaled to this machine's speed as bench/resource_pipeline.py
+scales it (bench/resource_report.py; the machine's Python loop timed before and after the windows),
+with KCMS's ratio to it in each window (at 50, 1000 and 5000 nodes: the sizes issue 9 measured).
+
+Which KCMS: the one `python -m kcms` finds from a temporary directory (the processes start there,
+so a checkout in the current directory does not shadow it): PYTHONPATH=/path/to/checkout picks
+another; the first line printed names it.
 
 --hold N keeps everything running N seconds after the measurement and prints the KCMS pid, for
 py-spy (`py-spy record -d 60 -p PID -o /tmp/x.svg`). KCMS_BENCH_CPROFILE=FILE runs it under cProfile.
@@ -22,6 +28,7 @@ and the rest (HTTP/TLS, asyncio). Not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import ssl
 import subprocess
@@ -35,6 +42,7 @@ from pathlib import Path
 import psutil
 import trustme
 from resource_client import process_cpu_seconds
+from resource_report import machine_loop_seconds, reference
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
@@ -190,7 +198,7 @@ def main() -> int:
                 "--containers-per-pod", "2", "--address-base", args.address_base,
                 "--port", str(args.port), "--write-inventory", str(work / "inventory.json"),
                 "--ca-out", str(work / "kubelet-ca.pem")],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, cwd=work,
     )  # fmt: skip
     server = kube = None
     try:
@@ -215,7 +223,7 @@ def main() -> int:
                     "--bind-address", "127.0.0.1", "--cert-dir", str(work / "certs"),
                     "--client-ca-file", str(work / "client-ca.pem"), "--authentication-skip-lookup",
                     "-v", "0"] + args.extra.split(),
-            stdout=subprocess.DEVNULL, stderr=open(work / "kcms.log", "w"),
+            stdout=subprocess.DEVNULL, stderr=open(work / "kcms.log", "w"), cwd=work,
         )  # fmt: skip
         proc = psutil.Process(server.pid)
         client = Client(f"https://127.0.0.1:{args.secure_port}", me)
@@ -234,22 +242,38 @@ def main() -> int:
         cpu_start = cpu_seconds(proc)
         time.sleep(2 * args.resolution)  # two whole cycles of warm-up, no requests
         print(f"workload: {args.nodes} nodes x {args.pods_per_node} pods x 2 containers, "
-              f"resolution {args.resolution:g}s; idle (no queries); KCMS pid {server.pid}")  # fmt: skip
+              f"resolution {args.resolution:g}s; idle (no queries); KCMS pid {server.pid}, "
+              f"code {Path(importlib.util.find_spec('kcms').origin).parent}")  # fmt: skip
         print(f"ready after {ready_after:.2f} s; CPU to ready {cpu_start:.2f} s")
+        # The machine's speed now, for metrics-server's CPU figure scaled to it (as in
+        # bench/resource_pipeline.py); measured again after the windows, since it drifts by the hour.
+        loop_s = machine_loop_seconds()
+        windows: list[float] = []
         for i in range(args.repeat):
             load0 = os.getloadavg()[0]
-            c0, t0 = cpu_seconds(proc), time.monotonic()
+            c0, t0, ticks0 = cpu_seconds(proc), time.monotonic(), proc.cpu_times()
             time.sleep(args.seconds)
-            c1, t1 = cpu_seconds(proc), time.monotonic()
+            c1, t1, ticks1 = cpu_seconds(proc), time.monotonic(), proc.cpu_times()
             mem = proc.memory_full_info()
             mc = (c1 - c0) / (t1 - t0) * 1000
+            windows.append(mc / args.nodes)
             print(
                 f"window {i + 1}: {t1 - t0:.0f} s  CPU {c1 - c0:.3f} s = {mc:.2f} millicores "
-                f"({mc / args.nodes:.3f} per node)  RSS {mem.rss / 2**20:.1f} MiB "
+                f"({mc / args.nodes:.3f} per node; in ticks user {ticks1.user - ticks0.user:.2f} s, "
+                f"system {ticks1.system - ticks0.system:.2f} s)  RSS {mem.rss / 2**20:.1f} MiB "
                 f"({mem.rss / 1e6 / args.nodes:.3f} MB per node)  USS {mem.uss / 2**20:.1f} MiB  "
                 f"threads {proc.num_threads()}  load {load0:.2f}->{os.getloadavg()[0]:.2f}",
                 flush=True,
             )
+        loop_after = machine_loop_seconds()
+        ref = reference(args.nodes, "cpu_mc_per_node", (loop_s + loop_after) / 2)
+        ratios = " / ".join(f"{w / ref:.2f}x" for w in windows) if ref == ref else "no reference at this size"
+        print(
+            f"this machine's Python loop {loop_s * 1000:.1f} ms before the windows, "
+            f"{loop_after * 1000:.1f} ms after; metrics-server's CPU scaled to it "
+            f"(bench/resource_report.py): {ref:.4f} mcore a node; KCMS / metrics-server: {ratios}",
+            flush=True,
+        )
         if args.hold > 0:
             print(f"holding {args.hold:g} s: py-spy record -d 60 -p {server.pid}", flush=True)
             time.sleep(args.hold)
