@@ -5,16 +5,25 @@
 2. client certificate issued by the client CA: user = CN, groups = O;
 3. ``Authorization: Bearer <token>`` checked by a token reviewer (TokenReview, cached there).
 
-The server's ``SSLContext`` trusts both CAs, so after the handshake the leaf certificate is matched
-here against each CA (issuer name and signature) to know which CA vouched for it; the answer is
-cached per TLS connection. Limitation: the leaf must be issued directly by a certificate in the
-CA bundle (intermediates must be part of the bundle), because Python 3.11 does not expose the
-verified chain.
+The server's ``SSLContext`` trusts both CAs, so after the handshake the chain OpenSSL verified is
+read here and its trust anchor (its last certificate, one of the configured CA certificates) is
+compared, byte for byte, with each CA bundle's certificates to know which CA vouched for it: the
+client may send intermediates, as with kube. The answer is cached per TLS connection. A
+connection with no verified chain (no client certificate; a resumed TLS session, which the server
+context never offers: kcms/apiserver/serving.py) has no certificate identity. Python 3.13 reads
+that chain with ``SSLObject.get_verified_chain()``; 3.11 and 3.12 have the same method, unexported,
+on the object under it. This module does not load the ``cryptography`` package (see
+kcms/apiserver/selfsigned.py for what that saves).
 """
 
 from __future__ import annotations
 
+import _ssl
+import base64
+import binascii
 import logging
+import re
+import ssl
 import time
 import urllib.parse
 import weakref
@@ -23,8 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 from kcms.limits import printable
 from kcms.model import UserInfo
@@ -35,6 +42,9 @@ log = logging.getLogger(__name__)
 
 ANONYMOUS = UserInfo(name="system:anonymous", groups=("system:unauthenticated",))
 AUTHENTICATED_GROUP = "system:authenticated"
+# Sessions whose full handshake's answer is kept for TLS 1.2 resumption: OpenSSL's own server
+# session cache holds at most as many (SSL_SESSION_CACHE_MAX_SIZE_DEFAULT).
+MAX_SESSIONS = 20480
 
 
 class TokenAuthenticator(Protocol):
@@ -123,26 +133,46 @@ def resolve(opts: AuthnOptions, configmap: dict[str, Any] | None = None) -> Reso
     )
 
 
-def load_ca_certs(pems: Iterable[bytes]) -> list[x509.Certificate]:
-    """Parse every certificate of the PEM bundles."""
-    out: list[x509.Certificate] = []
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.S)
+
+
+def load_ca_certs(pems: Iterable[bytes]) -> list[bytes]:
+    """Every certificate of the PEM bundles, DER-encoded; ValueError for a certificate block that
+    is not one (OpenSSL's own reading, the one the TLS layer trusts them by)."""
+    out: list[bytes] = []
     for pem in pems:
-        if pem.strip():
-            out.extend(x509.load_pem_x509_certificates(pem))
+        for block in _PEM_CERTIFICATE.finditer(pem):
+            try:
+                der = base64.b64decode(b"".join(block.group(1).split()), validate=True)
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=der)
+            except (binascii.Error, ssl.SSLError) as e:
+                raise ValueError(f"a CA certificate does not parse: {printable(e, 200)}") from None
+            out.append(der)
     return out
 
 
-def issued_by(leaf: x509.Certificate, cas: list[x509.Certificate]) -> bool:
-    """Whether ``leaf`` was signed by one of ``cas`` (issuer name and signature both match)."""
-    for ca in cas:
-        if leaf.issuer != ca.subject:
-            continue
-        try:
-            leaf.verify_directly_issued_by(ca)
-            return True
-        except Exception:  # InvalidSignature, unsupported key types
-            continue
-    return False
+def verified_chain(ssl_object: Any) -> list[bytes]:
+    """The certificates (DER) of the chain OpenSSL verified for the peer, its certificate first and
+    the trust anchor last; empty when it verified none."""
+    public = getattr(ssl_object, "get_verified_chain", None)  # ssl.SSLObject, Python 3.13+
+    if public is not None:
+        return list(public() or ())
+    inner = getattr(ssl_object, "_sslobj", None)  # _ssl._SSLSocket: the same method since 3.10
+    chain = inner.get_verified_chain() if inner is not None else None
+    return [cert.public_bytes(_ssl.ENCODING_DER) for cert in chain or ()]
+
+
+def subject_names(peercert: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(first common name or "", organizations in order) of ``ssl``'s decoded peer certificate."""
+    cns: list[str] = []
+    orgs: list[str] = []
+    for rdn in peercert.get("subject", ()):
+        for kind, value in rdn:
+            if kind == "commonName":
+                cns.append(value)
+            elif kind == "organizationName":
+                orgs.append(value)
+    return (cns[0] if cns else ""), tuple(orgs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +217,16 @@ class Authenticator:
 
         Connections already open are re-evaluated against the new CAs on their next request.
         """
-        rh_cas = load_ca_certs(config.requestheader_ca_pems)
-        client_cas = load_ca_certs(config.client_ca_pems)
+        rh_cas = frozenset(load_ca_certs(config.requestheader_ca_pems))
+        client_cas = frozenset(load_ca_certs(config.client_ca_pems))
         self.config = config
         self._rh_cas = rh_cas
         self._client_cas = client_cas
         self._allowed = set(config.allowed_names)
         self._peers: weakref.WeakKeyDictionary[Any, PeerCert | None] = weakref.WeakKeyDictionary()
+        # TLS 1.2 session id -> what its full handshake's chain said (see peer_cert); emptied with
+        # every new configuration, so a session from before a CA change identifies nobody.
+        self._sessions: dict[bytes, PeerCert] = {}
 
     def _warn(self, msg: str, *args: Any) -> None:
         """Log a rejected request-header identity: a warning at most every 10 s, debug in between."""
@@ -217,22 +250,32 @@ class Authenticator:
         except KeyError:
             pass
         peer: PeerCert | None = None
-        der = ssl_object.getpeercert(binary_form=True)
-        if der:
-            try:
-                leaf = x509.load_der_x509_certificate(der)
-                cns = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-                orgs = leaf.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
-                peer = PeerCert(
-                    common_name=str(cns[0].value) if cns else "",
-                    organizations=tuple(str(o.value) for o in orgs),
-                    from_requestheader_ca=issued_by(leaf, self._rh_cas),
-                    from_client_ca=issued_by(leaf, self._client_cas),
-                )
-            except ValueError as e:
-                log.warning("unparseable client certificate: %s", printable(e))
+        chain = verified_chain(ssl_object)
+        session = getattr(ssl_object, "session", None)
+        session_id = session.id if session is not None else b""
+        if chain:
+            anchor = chain[-1]
+            common_name, organizations = subject_names(ssl_object.getpeercert() or {})
+            peer = PeerCert(
+                common_name=common_name,
+                organizations=organizations,
+                from_requestheader_ca=anchor in self._rh_cas,
+                from_client_ca=anchor in self._client_cas,
+            )
+            if session_id:
+                self._remember_session(session_id, peer)
+        elif session_id and getattr(ssl_object, "session_reused", False):
+            # A resumed TLS 1.2 session: no chain was verified now, so what was found when its
+            # full handshake was made (unknown since the CAs changed, or forgotten: nobody).
+            peer = self._sessions.get(session_id)
         self._peers[ssl_object] = peer
         return peer
+
+    def _remember_session(self, session_id: bytes, peer: PeerCert) -> None:
+        sessions = self._sessions
+        sessions[session_id] = peer
+        if len(sessions) > MAX_SESSIONS:
+            del sessions[next(iter(sessions))]  # the oldest: a dict keeps insertion order
 
     def _from_headers(self, request: web.Request, peer: PeerCert | None) -> UserInfo | None:
         headers = request.headers

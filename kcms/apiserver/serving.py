@@ -3,19 +3,15 @@ and reloading of the serving certificate when its files change on disk."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import logging
 import os
 import ssl
+import subprocess
+import sys
 from dataclasses import dataclass
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from kcms.httpguard import BODY_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT
+from kcms.limits import printable
 
 from .inflight import EXECUTING, MAX_MUTATING, MAX_READONLY
 
@@ -55,59 +51,31 @@ class ServingOptions:
     executing_requests: int = EXECUTING
 
 
+# What makes a self-signed certificate: a child process, so that `cryptography` is never loaded
+# into the serving process (see kcms/apiserver/selfsigned.py).
+SELF_SIGNED_COMMAND = (sys.executable, "-m", "kcms.apiserver.selfsigned")
+SELF_SIGNED_TIMEOUT = 120.0  # seconds; a key and a certificate take ~0.3 s here
+
+
 def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
     """Write a self-signed serving certificate and its key (PEM) for localhost, 127.0.0.1 and
-    ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-    ]
-    for alt in alternate_names:
-        try:
-            ip: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(alt))
-        except ValueError:
-            ip = x509.DNSName(alt)
-        if ip not in names:
-            names.append(ip)
-    now = datetime.datetime.now(datetime.UTC)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"localhost@{int(now.timestamp())}")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+    ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs). Made by a child
+    process (:mod:`kcms.apiserver.selfsigned`); OSError when it fails."""
+    try:
+        done = subprocess.run(
+            [*SELF_SIGNED_COMMAND, cert_path, key_path, *alternate_names],
+            capture_output=True,
+            timeout=SELF_SIGNED_TIMEOUT,
+            check=False,
         )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(cert_path)), exist_ok=True)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key_pem)
-    with open(cert_path, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    except subprocess.TimeoutExpired:
+        raise OSError(f"making a self-signed certificate took over {SELF_SIGNED_TIMEOUT:g} s") from None
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise OSError(
+            f"making a self-signed certificate failed (exit {done.returncode}): "
+            + printable(detail[-1] if detail else "no message", 300)
+        )
 
 
 def resolve_cert_files(opts: ServingOptions) -> tuple[str, str]:
@@ -142,6 +110,11 @@ def server_context(
     else:
         ctx.verify_mode = ssl.CERT_NONE
     ctx.set_alpn_protocols(["http/1.1"])
+    # No TLS session resumption (tickets in 1.2 and 1.3): a resumed session carries the client's
+    # certificate but no verified chain, and the chain is what tells which CA vouched for it
+    # (kcms/apiserver/authn.py). Every connection makes a full handshake, as kube's clients do.
+    ctx.options |= ssl.OP_NO_TICKET
+    ctx.num_tickets = 0
     return ctx
 
 
