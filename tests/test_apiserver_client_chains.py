@@ -13,6 +13,7 @@ import ssl
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 from _apiserver_helpers import (
     GROUP,
@@ -51,6 +52,25 @@ async def test_certificates_through_intermediates_are_matched_to_their_root(pki:
         # a client-CA certificate with the front proxy's name is itself, never the header's user
         status, _, body = await fetch(server, poser, WHOAMI, MASTERS)
         assert status == 200 and body["name"] == "front-proxy-client"
+
+
+async def test_an_intermediate_in_the_ca_file_is_an_anchor_of_its_own(pki: PKI) -> None:
+    """A CA file holding only an intermediate (as Go's x509 pools allow): its leaves authenticate,
+    its root's other leaves do not."""
+    sub = pki.client_ca.create_child_ca()
+    pki.write("client-ca.crt", sub.cert_pem.bytes())
+    frank = pki.client_ctx(sub.issue_cert("frank", common_name="frank", organization_name="system:masters"))
+    grace = pki.client_ctx(
+        pki.client_ca.issue_cert("grace", common_name="grace", organization_name="system:masters")
+    )
+    async with running(pki) as server:
+        status, _, body = await fetch(server, frank, WHOAMI)
+        assert status == 200 and body["name"] == "frank"
+        try:
+            status = (await fetch(server, grace, WHOAMI))[0]
+        except (aiohttp.ClientError, ssl.SSLError, ConnectionError):
+            status = -1  # refused at the handshake: nobody either
+        assert status in (-1, 401)
 
 
 def _get_over(

@@ -107,6 +107,9 @@ def server_context(
     if cadata.strip():
         ctx.load_verify_locations(cadata=cadata.decode("ascii"))
         ctx.verify_mode = ssl.CERT_OPTIONAL
+        # Any certificate of a CA file is a trust anchor, an intermediate too, as in Go's
+        # x509 (kube-apiserver's): OpenSSL would otherwise want the chain to reach a root.
+        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     else:
         ctx.verify_mode = ssl.CERT_NONE
     ctx.set_alpn_protocols(["http/1.1"])
