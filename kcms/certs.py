@@ -1,7 +1,14 @@
-"""Throw-away X.509 material for simulations and demos: a CA and the leaves it signs.
+"""X.509 material KCMS makes: a CA and the leaves it signs, for the simulator's kubelets and the
+demo's kubectl identity; and the self-signed serving pair of ``--cert-dir`` when no certificate
+is given, which the server has a child process make (``python -m kcms.certs self-signed CERT KEY
+[NAME...]``, run by :func:`kcms.apiserver.serving.generate_self_signed`).
 
-Production serving certificates come from files (or the apiserver kit's self-signed pair);
-this is for the simulator's kubelets and the demo's kubectl identity.
+Why a child for that pair: this module needs the ``cryptography`` package, whose Rust extension
+stays mapped for the life of a process that imports it (7.8 MB of RSS of an idle `kcms
+standalone` at 50 nodes, ~68 MiB in all; its Python modules add more). The serving process needs
+it for nothing else (client certificates are told apart by the chain OpenSSL verified:
+kcms/apiserver/authn.py), and a child that imports only this module takes ~0.16 s, once, when the
+files are first made.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import sys
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -114,3 +122,48 @@ def write_private(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+def write_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
+    """Write a self-signed serving certificate and its key (PEM) for localhost, 127.0.0.1 and
+    ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = subject_alt_names(["localhost", "127.0.0.1"])
+    names += [n for n in subject_alt_names(list(alternate_names)) if n not in names]
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"localhost@{int(now.timestamp())}")])
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=True,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    cert = (
+        _builder(subject, subject, key.public_key(), 365)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(cert_path)), exist_ok=True)
+    write_private(key_path, key_pem(key))
+    with open(cert_path, "wb") as f:
+        f.write(cert_pem(cert))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "self-signed":
+        print("usage: python -m kcms.certs self-signed CERT KEY [ALTERNATE_NAME...]", file=sys.stderr)
+        return 2
+    write_self_signed(argv[1], argv[2], tuple(argv[3:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

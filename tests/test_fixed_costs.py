@@ -130,7 +130,7 @@ def test_standalone_startup_does_not_import_other_commands_modules():
     assert [m for m in modules if m.startswith(UNUSED_BY_STANDALONE)] == []
     assert "kcms.cmd.standalone" in modules
     # nor cryptography: client certificates are told apart by OpenSSL's verified chain, and a
-    # self-signed serving certificate is made by a child (kcms/apiserver/selfsigned.py)
+    # self-signed serving certificate is made by a child (kcms/certs.py)
     assert [m for m in modules if m.startswith("cryptography")] == []
 
 

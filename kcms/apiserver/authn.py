@@ -8,12 +8,13 @@
 The server's ``SSLContext`` trusts both CAs, so after the handshake the chain OpenSSL verified is
 read here and its trust anchor (its last certificate, one of the configured CA certificates) is
 compared, byte for byte, with each CA bundle's certificates to know which CA vouched for it: the
-client may send intermediates, as with kube. The answer is cached per TLS connection. A
-connection with no verified chain (no client certificate; a resumed TLS session, which the server
-context never offers: kcms/apiserver/serving.py) has no certificate identity. Python 3.13 reads
+client may send intermediates, as with kube. The answer is cached per TLS connection, and per
+TLS 1.2 session id: a resumed session has no verified chain, so it keeps its full handshake's
+answer, until the CAs change (TLS 1.3 tickets are not issued: kcms/apiserver/serving.py). A
+connection with no verified chain otherwise has no certificate identity. Python 3.13 reads
 that chain with ``SSLObject.get_verified_chain()``; 3.11 and 3.12 have the same method, unexported,
 on the object under it. This module does not load the ``cryptography`` package (see
-kcms/apiserver/selfsigned.py for what that saves).
+kcms/certs.py for what that saves).
 """
 
 from __future__ import annotations
