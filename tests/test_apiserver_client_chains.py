@@ -34,11 +34,15 @@ MASTERS = {"X-Remote-User": "alice", "X-Remote-Group": "system:masters"}
 async def test_certificates_through_intermediates_are_matched_to_their_root(pki: PKI) -> None:
     client_sub = pki.client_ca.create_child_ca()
     front_sub = pki.front_ca.create_child_ca()
-    dave = pki.client_ctx(client_sub.issue_cert("dave", common_name="dave", organization_name="system:masters"))
+    dave = pki.client_ctx(
+        client_sub.issue_cert("dave", common_name="dave", organization_name="system:masters")
+    )
     proxy = pki.client_ctx(front_sub.issue_cert("front-proxy-client", common_name="front-proxy-client"))
     # the client CA's intermediate issues a certificate named like the front proxy
     poser = pki.client_ctx(
-        client_sub.issue_cert("front-proxy-client", common_name="front-proxy-client", organization_name="system:masters")
+        client_sub.issue_cert(
+            "front-proxy-client", common_name="front-proxy-client", organization_name="system:masters"
+        )
     )
     async with running(pki) as server:
         status, _, body = await fetch(server, dave, WHOAMI)
@@ -99,7 +103,9 @@ def _name(response: bytes) -> str | None:
 async def test_tls_1_3_sessions_are_not_resumed(pki: PKI) -> None:
     """No tickets: a client offering its last session gets a full handshake, and so a verified
     chain, each time (a session resumed from a ticket has the certificate but not the chain)."""
-    ctx = pki.client_ctx(pki.client_ca.issue_cert("erin", common_name="erin", organization_name="system:masters"))
+    ctx = pki.client_ctx(
+        pki.client_ca.issue_cert("erin", common_name="erin", organization_name="system:masters")
+    )
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     async with running(pki) as server:
         session = None
@@ -113,7 +119,9 @@ async def test_a_resumed_tls_1_2_session_is_who_its_full_handshake_was(pki: PKI)
     """TLS 1.2 resumes by session id (OpenSSL's server cache): the session keeps the identity its
     full handshake's chain gave, for the client CA and the front proxy alike, and none once the
     CAs have changed."""
-    erin = pki.client_ctx(pki.client_ca.issue_cert("erin", common_name="erin", organization_name="system:masters"))
+    erin = pki.client_ctx(
+        pki.client_ca.issue_cert("erin", common_name="erin", organization_name="system:masters")
+    )
     proxy = pki.client_ctx(pki.front_ca.issue_cert("front-proxy-client", common_name="front-proxy-client"))
     for ctx in (erin, proxy):
         ctx.maximum_version = ssl.TLSVersion.TLSv1_2
@@ -122,7 +130,9 @@ async def test_a_resumed_tls_1_2_session_is_who_its_full_handshake_was(pki: PKI)
         assert not resumed and _name(response) == "erin"
         resumed, response, session = await asyncio.to_thread(_get_over, server.port, erin, session)
         assert resumed and _name(response) == "erin"
-        resumed, response, proxy_session = await asyncio.to_thread(_get_over, server.port, proxy, None, MASTERS)
+        resumed, response, proxy_session = await asyncio.to_thread(
+            _get_over, server.port, proxy, None, MASTERS
+        )
         assert not resumed and _name(response) == "alice"
         resumed, response, _ = await asyncio.to_thread(_get_over, server.port, proxy, proxy_session, MASTERS)
         assert resumed and _name(response) == "alice"
@@ -150,14 +160,13 @@ def test_ca_bundles_are_read_by_openssl(pki: PKI) -> None:
             load_ca_certs([bad])
 
 
-def test_self_signed_certificate_is_made_by_a_child_process(tmp_path: Path) -> None:
+async def test_self_signed_certificate_is_made_by_a_child_process(tmp_path: Path) -> None:
     assert SELF_SIGNED_COMMAND[0] == sys.executable
     cert, key = tmp_path / "a" / "apiserver.crt", tmp_path / "a" / "apiserver.key"
-    generate_self_signed(str(cert), str(key), ("kcms.example", "10.1.2.3"))
+    await generate_self_signed(str(cert), str(key), ("kcms.example", "10.1.2.3"))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)  # a pair that belongs together
     assert (key.stat().st_mode & 0o777) == 0o600
     # a child that fails: its last line, bounded and escaped, in an OSError
     with pytest.raises(OSError, match="making a self-signed certificate failed .*IsADirectoryError"):
-        generate_self_signed(str(tmp_path), str(tmp_path / "k"))
-
+        await generate_self_signed(str(tmp_path), str(tmp_path / "k"))

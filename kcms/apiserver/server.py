@@ -176,7 +176,7 @@ class AggregatedAPIServer:
         self.authenticator = Authenticator(resolved, token_reviewer, self.authn_options.allow_anonymous)
         self._configmap = configmap
         self._configmap_read = time.monotonic()
-        cert_file, key_file = resolve_cert_files(self.serving)
+        cert_file, key_file = await resolve_cert_files(self.serving)
         self.serving_cert_file, self.serving_key_file = cert_file, key_file
         self.reloader = CertReloader(
             cert_file,

@@ -3,10 +3,10 @@ and reloading of the serving certificate when its files change on disk."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import ssl
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -57,28 +57,32 @@ SELF_SIGNED_COMMAND = (sys.executable, "-m", "kcms.certs", "self-signed")
 SELF_SIGNED_TIMEOUT = 120.0  # seconds; the child takes ~0.16 s here
 
 
-def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
+async def generate_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str, ...] = ()) -> None:
     """Write a self-signed serving certificate and its key (PEM) for localhost, 127.0.0.1 and
     ``alternate_names`` (IP addresses become IP SANs, everything else DNS SANs). Made by a child
-    process (:mod:`kcms.certs`); OSError when it fails."""
+    process (:mod:`kcms.certs`), awaited without holding the event loop (the inventory's first
+    list and the scrape loop go on meanwhile); OSError when it fails."""
+    child = await asyncio.create_subprocess_exec(
+        *SELF_SIGNED_COMMAND, cert_path, key_path, *alternate_names,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     try:
-        done = subprocess.run(
-            [*SELF_SIGNED_COMMAND, cert_path, key_path, *alternate_names],
-            capture_output=True,
-            timeout=SELF_SIGNED_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+        _, stderr = await asyncio.wait_for(child.communicate(), SELF_SIGNED_TIMEOUT)
+    except TimeoutError:
         raise OSError(f"making a self-signed certificate took over {SELF_SIGNED_TIMEOUT:g} s") from None
-    if done.returncode != 0:
-        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    finally:
+        if child.returncode is None:  # timed out or cancelled: no orphan
+            child.kill()
+            await child.wait()
+    if child.returncode != 0:
+        detail = stderr.decode("utf-8", "replace").strip().splitlines()
         raise OSError(
-            f"making a self-signed certificate failed (exit {done.returncode}): "
+            f"making a self-signed certificate failed (exit {child.returncode}): "
             + printable(detail[-1] if detail else "no message", 300)
         )
 
 
-def resolve_cert_files(opts: ServingOptions) -> tuple[str, str]:
+async def resolve_cert_files(opts: ServingOptions) -> tuple[str, str]:
     """The serving cert/key paths: the given ones, or ``<cert_dir>/apiserver.{crt,key}``,
     generated (self-signed) when absent."""
     if opts.tls_cert_file and opts.tls_private_key_file:
@@ -87,9 +91,9 @@ def resolve_cert_files(opts: ServingOptions) -> tuple[str, str]:
         raise ValueError("tls_cert_file and tls_private_key_file must be given together")
     cert = os.path.join(opts.cert_dir, "apiserver.crt")
     key = os.path.join(opts.cert_dir, "apiserver.key")
-    if not (os.path.exists(cert) and os.path.exists(key)):
+    if not (os.path.exists(cert) and os.path.exists(key)):  # noqa: ASYNC240 (two stats at start-up)
         log.info("generating a self-signed serving certificate in %s", opts.cert_dir)
-        generate_self_signed(cert, key, tuple(opts.alternate_names))
+        await generate_self_signed(cert, key, tuple(opts.alternate_names))
     return cert, key
 
 
