@@ -50,21 +50,26 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x5
     )
 
 
+def _signing_usage(*, key_encipherment: bool, crl_sign: bool) -> x509.KeyUsage:
+    """Key usage of a certificate that signs certificates (a CA, or a self-signed server's)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=crl_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def new_ca(common_name: str, days: int = 365) -> tuple[Key, x509.Certificate]:
     """A self-signed CA that may sign leaves (not other CAs)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=True,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    usage = _signing_usage(key_encipherment=False, crl_sign=True)
     cert = (
         _builder(name, name, key.public_key(), days)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -132,17 +137,7 @@ def write_self_signed(cert_path: str, key_path: str, alternate_names: tuple[str,
     names += [n for n in subject_alt_names(list(alternate_names)) if n not in names]
     now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"localhost@{int(now.timestamp())}")])
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=True,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    usage = _signing_usage(key_encipherment=True, crl_sign=False)
     cert = (
         _builder(subject, subject, key.public_key(), 365)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
