@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import ssl
 import subprocess
@@ -267,7 +268,10 @@ def main() -> int:
             )
         loop_after = machine_loop_seconds()
         ref = reference(args.nodes, "cpu_mc_per_node", (loop_s + loop_after) / 2)
-        ratios = " / ".join(f"{w / ref:.2f}x" for w in windows) if ref == ref else "no reference at this size"
+        if math.isnan(ref):
+            ratios = "no reference at this size"
+        else:
+            ratios = " / ".join(f"{w / ref:.2f}x" for w in windows)
         print(
             f"this machine's Python loop {loop_s * 1000:.1f} ms before the windows, "
             f"{loop_after * 1000:.1f} ms after; metrics-server's CPU scaled to it "

@@ -141,11 +141,12 @@ def load_ca_certs(pems: Iterable[bytes]) -> list[bytes]:
     """Every certificate of the PEM bundles, DER-encoded; ValueError for a certificate block that
     is not one (OpenSSL's own reading, the one the TLS layer trusts them by)."""
     out: list[bytes] = []
+    reader = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # only to have OpenSSL read each block
     for pem in pems:
         for block in _PEM_CERTIFICATE.finditer(pem):
             try:
                 der = base64.b64decode(b"".join(block.group(1).split()), validate=True)
-                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=der)
+                reader.load_verify_locations(cadata=der)
             except (binascii.Error, ssl.SSLError) as e:
                 raise ValueError(f"a CA certificate does not parse: {printable(e, 200)}") from None
             out.append(der)

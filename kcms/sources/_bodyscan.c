@@ -237,7 +237,7 @@ has_delimiter(const char *p)
     return (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS ? 1 : 0;
 }
 
-/* One delimiter of the walk below: token `tok` is body[*start:i], a blank (c) or a newline at i
+/* One delimiter of the walk below: token `tok` is body[start:i], a blank (c) or a newline at i
    ends it (the end of the body counts as a blank at len). -1 when the walk must stop: more than
    ntok tokens, or positions that do not ascend. */
 struct walk {
