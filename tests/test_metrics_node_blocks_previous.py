@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import time
 from types import SimpleNamespace
 
@@ -39,8 +40,12 @@ def previous() -> float:
     return blocks.BLOCKS_PREVIOUS._value.get()  # noqa: SLF001 - prometheus_client's value
 
 
-async def listed(renderer: blocks.NodeBlocks, store: ResourceStore) -> bytes:
-    return await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+async def listed(renderer: blocks.NodeBlocks, store: ResourceStore, gzipped: bool = False) -> bytes:
+    """A list of every pod; ``gzipped``: the gzip member spliced from compressed blocks, inflated."""
+    if not gzipped:
+        return await collect(POD_HEAD, renderer.items(store, time.monotonic(), CREATED))
+    chunks = renderer.items(store, time.monotonic(), CREATED, gzip_head=POD_HEAD)
+    return gzip.decompress(b"".join([c async for c in chunks]))
 
 
 def cluster(
@@ -69,14 +74,15 @@ async def test_a_list_during_a_cycle_serves_nodes_not_rendered_yet_as_of_their_p
     await asyncio.sleep(1.0)  # the next list 1 s after the last: rendering ahead goes on
     on_list, stood_in, ahead = rendered("on_list"), previous(), rendered("ahead")
     scrape_all(store, START + 30)  # no turn of the loop since: nothing rendered ahead yet
-    during = await listed(renderer, store)
+    during = await listed(renderer, store, gzipped=True)  # blocks compressed as they stand in
     assert during == before  # every node as of its previous scrape, nothing rendered by the list
     assert during != reference(store, inv, time.monotonic())[0]
     assert rendered("on_list") == on_list and previous() - stood_in == 3
     # the nodes it stood in for are rendered ahead, and the next list serves the newest scrape
     await eventually(lambda: rendered("ahead") - ahead == 3)
-    after = await listed(renderer, store)
+    after = await listed(renderer, store, gzipped=True)  # rendered ahead for gzipped lists: compressed
     assert after == reference(store, inv, time.monotonic())[0] and previous() - stood_in == 3
+    assert all(block.gz for block in renderer._blocks.values())  # noqa: SLF001 - every one spliced
 
 
 # Each changes PODS[0] or PODS[3] (n0's) after two scrapes of every node and two lists.
@@ -210,6 +216,7 @@ def test_while_rendering_ahead_a_list_serves_each_pod_once_as_it_is_or_was_then_
     the per-pod rules served it at some moment since the start (the newest, or an older scrape with
     the inventory's current metadata); once rendering ahead has caught up, exactly the newest."""
     clock = [time.monotonic()]  # NodeBlocks' clock: 5 s pass before each list
+    lists = [0]
 
     async def run() -> None:
         inv = LoggedInventory() if logged else MutableInventory()
@@ -221,7 +228,8 @@ def test_while_rendering_ahead_a_list_serves_each_pod_once_as_it_is_or_was_then_
 
         async def list_items() -> bytes:
             clock[0] += 5.0  # lists 5 s apart: rendering ahead stays on (for 10 s of this clock)
-            return await listed(renderer, store)
+            lists[0] += 1  # every other list gzipped: blocks compressed ahead, on the list, or not
+            return await listed(renderer, store, gzipped=lists[0] % 2 == 0)
 
         t = START
         for _ in range(2):

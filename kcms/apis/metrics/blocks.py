@@ -19,6 +19,12 @@ rendering ahead. So a list during a scrape cycle renders little itself, and some
 a scrape older than the newest (their ``timestamp`` says so): metrics-server serves a whole cycle
 older until its cycle ends.
 
+A gzipped list (what kubectl and the aggregator ask for) is spliced from blocks compressed once
+(:mod:`.gzblocks`) while such lists come often: blocks are compressed as they are rendered ahead,
+and those a list sent uncompressed are compressed after it, in rendering ahead's steps. A list
+never compresses a block for later lists: it compresses the blocks not compressed yet as one stream,
+as every gzipped list did before (lists further apart find every block stale anyway).
+
 Items come node by node, in the store's order, each node's pods in its kubelet's order; lists by
 namespace or selector keep :class:`~kcms.apis.metrics.render.ListRenderer`'s per-pod path and the
 inventory's order (Kubernetes lists of aggregated resources promise no order; metrics-server's
@@ -31,11 +37,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from itertools import starmap
+from time import perf_counter
 from typing import Protocol
 
 import orjson
 from prometheus_client import Counter
 
+from kcms.apis.metrics import gzblocks
 from kcms.apis.metrics.convert import TimeFormatter
 from kcms.apis.metrics.render import SLICE, ListRenderer, UsageText
 from kcms.heap import trim_heap
@@ -45,6 +53,10 @@ from kcms.tasks import STREAMS
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
 # each write and compression call costs little, small enough to overlap rendering and the socket.
 BLOCK_CHUNK_BYTES = 1 << 20
+# ... and of a gzipped list spliced from compressed blocks, in compressed bytes (~20 MB of JSON):
+# a chunk is then mostly joining bytes and encrypting them (~5 ms), and the fewer there are, the
+# fewer times the list waits for its turn of the event loop during a scrape cycle.
+GZIP_CHUNK_BYTES = 3 << 20
 # Blocks are rendered ahead while all-pods lists come at most this many seconds apart (the
 # resolution: rendering a node once per scrape then costs what the lists would spend anyway),
 # looking for stale ones every PRERENDER_PERIOD seconds while scrapes come, backing off to
@@ -69,11 +81,23 @@ STAND_IN_FOR = 2
 # Blocks of nodes no longer in the store are dropped once they are this many beyond twice the
 # nodes listed.
 BLOCKS_SLACK = 100
+# A list of every pod hands the event loop back once it has run this long since it last did (checked
+# every YIELD_CHECK pods rendered or blocks taken as they were: ~0.2-0.7 ms of work). It yielded
+# every 500 such before: ~1.5 ms of work once most blocks were ready, and each yield during a
+# 5000-node scrape cycle waited 5-17 ms for its turn to come back (ten a list: 26-170 ms of the
+# list's 65-240 ms in process, instrumented runs of bench/resource_pipeline.py, 28 Nov).
+YIELD_AFTER = 0.005
+YIELD_CHECK = 100
 # Every block is dropped once no list of every pod has come for this many resolutions (and none
 # is rendered ahead): by then each node has been scraped again, so a block is only memory (57 MB
 # at 150 000 pods, held after one `kubectl top pods -A`) that the next list would render anew.
 RELEASE_AFTER_RESOLUTIONS = 2
 _dumps = orjson.dumps
+# _NodeBlock.gz of a block gzblocks.compress_block refused (compared by identity)
+NO_SPLICE = gzblocks.CompressedBlock(b"", b"", 0, 0, 0)
+# Compressing a node block (gzblocks.compress_block) costs about what rendering a fifth of its pods
+# does (~45 µs against ~7 µs a pod, 30 pods): rendering ahead's budget counts it so.
+COMPRESS_PODS = 5
 
 BLOCKS_RENDERED = Counter(
     "kcms_metrics_pod_blocks_rendered",
@@ -122,7 +146,7 @@ class _NodeBlock:
     blocks visits every element of their lists (at 150 000 pods, four lists a node cost that pass
     24 ms, and the next generation's as much again)."""
 
-    __slots__ = ("infos", "keys", "rendered", "text", "token")
+    __slots__ = ("gz", "infos", "keys", "rendered", "text", "token")
 
     def __init__(self, token: object, keys: list[PodKey], infos: list[PodInfo | None], text: bytes) -> None:
         self.token = token
@@ -130,6 +154,16 @@ class _NodeBlock:
         self.infos = infos
         self.text = text
         self.rendered = time.monotonic()
+        # ``text`` compressed for gzipped lists (gzblocks.py): None until made, NO_SPLICE if it cannot be
+        self.gz: gzblocks.CompressedBlock | None = None
+
+    def compressed(self) -> gzblocks.CompressedBlock | None:
+        """``text`` compressed for :class:`~kcms.apis.metrics.gzblocks.GzipList`, made on first use;
+        None when it cannot be spliced."""
+        gz = self.gz
+        if gz is None:
+            gz = self.gz = gzblocks.compress_block(self.text) or NO_SPLICE
+        return None if gz is NO_SPLICE else gz
 
     def unchanged_in(self, pod: Callable[[str, str], PodInfo | None]) -> bool:
         """Whether the inventory (``pod``: its lookup) still holds exactly this block's pods (one
@@ -160,6 +194,9 @@ class NodeBlocks:
         self._prerender_store: PodBlocks | None = None
         self._prerender_handle: asyncio.TimerHandle | None = None
         self._prerender_period = PRERENDER_PERIOD  # doubled after each look that found nothing
+        self.gzip_ahead = False  # the latest list was gzipped: blocks rendered ahead are compressed too
+        # nodes whose blocks a gzipped list sent uncompressed: rendering ahead compresses them
+        self._to_compress: dict[str, None] = {}
         # seconds without a list after which the blocks are dropped (RELEASE_AFTER_RESOLUTIONS)
         self.release_after = RELEASE_AFTER_RESOLUTIONS * (prerender_within or PRERENDER_WITHIN)
         self._release_handle: asyncio.TimerHandle | None = None
@@ -170,9 +207,14 @@ class NodeBlocks:
         """How many node blocks are held."""
         return len(self._blocks)
 
-    async def items(self, store: PodBlocks, now: float, created: str) -> AsyncIterator[bytes]:
+    async def items(
+        self, store: PodBlocks, now: float, created: str, *, gzip_head: bytes | None = None
+    ) -> AsyncIterator[bytes]:
         """The items (in chunks of about :data:`BLOCK_CHUNK_BYTES`) of every Running pod that has
-        usage in ``store``, node by node (see the module docstring)."""
+        usage in ``store``, node by node (see the module docstring). With ``gzip_head``: the whole
+        list instead, ``gzip_head``, the items and ``]}``, as one gzip member spliced from blocks
+        compressed once (:mod:`.gzblocks`; needs :data:`gzblocks.AVAILABLE` and a 22-byte
+        ``created`` in JSON)."""
         started = self._list_started = time.monotonic()
         changes_at_start, _ = store.pod_block_changes(self._changes_seen)  # this list checks every node
         blocks = self._blocks
@@ -181,6 +223,8 @@ class NodeBlocks:
         relists = self._relists
         check_all = self._checked_relists != relists or not isinstance(self.inventory, PodChangeLog)
         created_json = _dumps(created)
+        gz = None if gzip_head is None else gzblocks.GzipList(created_json)
+        self.gzip_ahead = gz is not None  # blocks rendered ahead are compressed while lists are gzipped
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
         # While rendering ahead (lists come at least once a resolution), a block that a newer
         # scrape of its node superseded stands in for it if it was rendered within STAND_IN_FOR,
@@ -193,10 +237,13 @@ class NodeBlocks:
         owns = store.node_owns
         rendered_since = started - STAND_IN_FOR * self.prerender_within
         pending = self._pending
+        to_compress = self._to_compress
         seen: list[str] = []
-        pieces: list[bytes] = []
+        pieces: list[bytes] = [] if gz is None else [gz.start(gzip_head or b"")]
         size = work = 0
         first = True
+        last_yield = perf_counter()
+        chunk_bytes = BLOCK_CHUNK_BYTES if gz is None else GZIP_CHUNK_BYTES
         for node, token in store.pod_blocks(now):
             seen.append(node)
             block = blocks.get(node)
@@ -222,23 +269,43 @@ class NodeBlocks:
                 block = blocks[node] = self._node_block(node, token, store, usage_text)
                 work += len(block.infos)
                 _ON_LIST.inc()
-            if block.text:
+            if block.text and gz is not None:
+                compressed = None  # the first item goes without its leading comma: compressed now
+                if not first:
+                    if block.gz is None:  # compressed later, if rendering ahead goes on
+                        to_compress[node] = None
+                    elif block.gz is not NO_SPLICE:
+                        compressed = block.gz
+                if compressed is None:
+                    text = block.text.replace(b"\0", created_json)
+                    piece = gz.text(text[1:] if first else text)
+                    pieces.append(piece)
+                    size += len(piece)
+                    first = False
+                else:
+                    pieces.extend(gz.block(compressed))
+                    size += len(compressed.lead) + len(compressed.rest)
+            elif block.text:
                 text = block.text.replace(b"\0", created_json)
                 pieces.append(text)
                 size += len(text)
-            if size >= BLOCK_CHUNK_BYTES:
-                if first:
+            if size >= chunk_bytes:
+                if first and gz is None:
                     pieces[0] = pieces[0][1:]  # no separator before the first item
                     first = False
                 yield b"".join(pieces)
                 pieces = []
                 size = 0
-            if work >= SLICE:
+            if work >= YIELD_CHECK:  # pods rendered or blocks taken as they were
                 work = 0
-                await asyncio.sleep(0)
+                if perf_counter() - last_yield >= YIELD_AFTER:
+                    await asyncio.sleep(0)
+                    last_yield = perf_counter()
+        if gz is not None:
+            pieces.append(gz.finish(b"]}"))
+        elif pieces and first:
+            pieces[0] = pieces[0][1:]
         if pieces:
-            if first:
-                pieces[0] = pieces[0][1:]
             yield b"".join(pieces)
         # Every block was checked (a list cut short, or a relist meanwhile, leaves the next to it),
         # and rendered as of the store's changes at the start.
@@ -309,6 +376,7 @@ class NodeBlocks:
             self._release_handle = loop.call_later(self.release_after, self._release)
             return
         self._pending.clear()
+        self._to_compress.clear()
         if self._blocks:
             self._blocks = {}
             self.releases += 1
@@ -346,8 +414,20 @@ class NodeBlocks:
                 block = blocks[node] = self._node_block(node, token, store, usage_text)
                 _AHEAD.inc()
                 budget -= len(block.infos) + 1
+                if self.gzip_ahead and block.text:
+                    block.compressed()
+                    budget -= len(block.infos) // COMPRESS_PODS
+        to_compress = self._to_compress
+        if not self.gzip_ahead:
+            to_compress.clear()
+        while to_compress and budget > 0:
+            block = blocks.get(to_compress.popitem()[0])
+            if block is not None and block.gz is None and block.text:
+                block.compressed()
+                budget -= len(block.infos) // COMPRESS_PODS + 1
         loop = asyncio.get_running_loop()
-        self._prerender_handle = loop.call_later(0 if pending else period, self._prerender_step)
+        more = pending or to_compress
+        self._prerender_handle = loop.call_later(0 if more else period, self._prerender_step)
 
     def _node_block(self, node: str, token: object, store: PodBlocks, text: UsageText) -> _NodeBlock:
         """Render one node's pods as a :class:`_NodeBlock` (metadata pieces from the renderer's

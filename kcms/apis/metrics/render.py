@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 
 from kcms.apis.metrics.convert import API_VERSION, TimeFormatter, go_duration
-from kcms.apiserver.responses import list_body_response
+from kcms.apiserver.responses import GZIP_RATIO, gzipped_body_response, list_body_response
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
 from kcms.store.usage import PodUsage, Usage
@@ -57,6 +57,7 @@ SWEEP_SLACK = 1000
 _POD_LIST_HEAD = (
     b'{"kind":"PodMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
 )
+POD_LIST_HEAD = _POD_LIST_HEAD
 _NODE_LIST_HEAD = (
     b'{"kind":"NodeMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
 )
@@ -165,6 +166,12 @@ async def list_response(request: web.Request, kind: str, chunks: AsyncIterator[b
     """The ``<kind>`` list of the items in ``chunks``: joined and sent when small, streamed when not."""
     head = _POD_LIST_HEAD if kind == "PodMetricsList" else _NODE_LIST_HEAD
     return await list_body_response(request, head, chunks, stream_above=STREAM_BYTES)
+
+
+async def gzipped_list_response(request: web.Request, chunks: AsyncIterator[bytes]) -> web.StreamResponse:
+    """A list whose ``chunks`` are one gzip member already, head and tail included
+    (:meth:`kcms.apis.metrics.blocks.NodeBlocks.items` with ``gzip_head``)."""
+    return await gzipped_body_response(request, chunks, stream_above=STREAM_BYTES // GZIP_RATIO)
 
 
 class ListRenderer:

@@ -1,0 +1,143 @@
+"""The gzip of the list of every pod, spliced from node blocks compressed once
+(kcms.apis.metrics.gzblocks): whatever the blocks hold and whatever the timestamp, the member
+inflates, under zlib's and the gzip module's CRC-32 and length checks, to exactly the text with the
+timestamp in every placeholder's place; a block that cannot be spliced is refused, and a list with
+it still comes out right."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import zlib
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from isal import isal_zlib
+
+from kcms.apis.metrics import gzblocks
+
+HEAD = b'{"kind":"PodMetricsList","apiVersion":"metrics.k8s.io/v1beta1","metadata":{},"items":['
+TAIL = b"]}"
+STAMP = b'"2026-11-28T08:30:00Z"'
+
+
+def item(name: str, label: str, cpu: int) -> bytes:
+    """One list item as a node block holds it: a leading comma, a NUL where the timestamp goes."""
+    return (
+        b',{"metadata":{"name":' + orjson.dumps(name) + b',"creationTimestamp":\0,"labels":'
+        + orjson.dumps({"app": label}) + b'},"containers":[{"name":"c","usage":{"cpu":"'
+        + str(cpu).encode() + b'n"}}]}'
+    )  # fmt: skip
+
+
+def spliced(blocks: list[bytes], stamp: bytes, compress: list[bool]) -> bytes:
+    """The gzip member of HEAD, ``blocks`` and TAIL as a list assembles it: the first block (its
+    comma dropped) and those not in ``compress`` compressed now, the others spliced."""
+    member = gzblocks.GzipList(stamp)
+    pieces = [member.start(HEAD)]
+    for i, block in enumerate(blocks):
+        made = gzblocks.compress_block(block) if i and compress[i] else None
+        if made is None:
+            text = block.replace(b"\0", stamp)
+            pieces.append(member.text(text[1:] if i == 0 else text))
+        else:
+            pieces.extend(member.block(made))
+    pieces.append(member.finish(TAIL))
+    return b"".join(pieces)
+
+
+def expected(blocks: list[bytes], stamp: bytes) -> bytes:
+    return HEAD + b"".join(blocks).replace(b"\0", stamp)[1:] + TAIL
+
+
+names = st.text(min_size=0, max_size=40)
+blocks_strategy = st.lists(
+    st.lists(st.tuples(names, names, st.integers(0, 10**12)), min_size=1, max_size=40).map(
+        lambda items: b"".join(item(*i) for i in items)
+    ),
+    min_size=0,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks_strategy, st.binary(min_size=22, max_size=22), st.data())
+def test_a_spliced_list_inflates_to_the_text_with_its_timestamp(blocks, stamp, data):
+    # any 22 bytes as the stamp, NULs and placeholder bytes included: it travels in a stored block
+    compress = data.draw(st.lists(st.booleans(), min_size=len(blocks), max_size=len(blocks)))
+    body = spliced(blocks, stamp, compress)
+    want = expected(blocks, stamp)
+    assert zlib.decompress(body, 31) == want  # checks the CRC-32 and the length
+    assert gzip.decompress(body) == want
+
+
+def test_a_cluster_sized_list_is_spliced_whole_and_smaller_than_a_fifth():
+    rng = random.Random(9)
+    blocks = [
+        b"".join(item(f"app-{rng.randint(0, 300)}-{rng.getrandbits(40):x}", f"web-{rng.randint(0, 9)}",
+                      rng.getrandbits(30)) for _ in range(30))
+        for _ in range(200)
+    ]  # fmt: skip
+    made = [gzblocks.compress_block(b) for b in blocks]
+    assert all(m is not None for m in made)  # none refused by its check
+    for stamp in (STAMP, b'"1999-12-31T23:59:59Z"'):
+        body = spliced(blocks, stamp, [True] * len(blocks))
+        want = expected(blocks, stamp)
+        assert zlib.decompress(body, 31) == want
+        assert len(body) < len(want) / 5
+        assert (
+            orjson.loads(zlib.decompress(body, 31))["items"][7]["metadata"]["creationTimestamp"]
+            == stamp[1:-1].decode()
+        )
+
+
+def test_an_empty_list_is_a_whole_member():
+    body = spliced([], STAMP, [])
+    assert gzip.decompress(body) == HEAD + TAIL
+
+
+def test_a_block_holding_the_placeholders_end_bytes_is_not_spliced_and_its_list_is_right():
+    # orjson never writes raw control characters; a block that holds them anyway would be counted
+    # as holding more timestamps than it does, and is refused
+    for raw in (b"\x16", b"\x13", gzblocks.PLACEHOLDER):
+        block = item("a", "b", 1) + b',{"x":"' + raw + b'"}' + item("c", "d", 2)
+        assert gzblocks.compress_block(block) is None
+        blocks = [item("first", "x", 0), block]
+        assert zlib.decompress(spliced(blocks, STAMP, [True, True]), 31) == expected(blocks, STAMP)
+    assert gzblocks.compress_block(b"") is None
+    assert gzblocks.compress_block(b',{"no":"timestamp"}') is None
+
+
+def test_the_check_refuses_a_stream_with_a_placeholder_coded_as_literals():
+    text = b"".join(item(f"p{i}", "web", i) for i in range(30)).replace(b"\0", gzblocks.PLACEHOLDER)
+    first = text.index(gzblocks.PLACEHOLDER)
+    after = first + gzblocks.STAMP_LENGTH
+    lead, rest_text = text[:first], text[after:]
+    with_dictionary = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15, zdict=text[:after])
+    good = with_dictionary.compress(rest_text) + with_dictionary.flush(isal_zlib.Z_SYNC_FLUSH)
+    assert gzblocks.splices(lead, good, rest_text)
+    # without the dictionary the next placeholder can only be coded as literals
+    without = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15)
+    bad = without.compress(rest_text) + without.flush(isal_zlib.Z_SYNC_FLUSH)
+    assert not gzblocks.splices(lead, bad, rest_text)
+
+
+def test_the_crc_arithmetic_is_isals():
+    rng = random.Random(3)
+    for _ in range(200):
+        a, n = rng.getrandbits(32), rng.randint(0, 10**8)
+        shift = isal_zlib.crc32_combine(gzblocks._ONE, 0, n)  # noqa: SLF001 - x^(8n)
+        assert gzblocks._mulmod(shift, a) == isal_zlib.crc32_combine(a, 0, n)  # noqa: SLF001
+        assert gzblocks._mulmod(a, gzblocks._ONE) == a  # noqa: SLF001
+    marks = bytes(gzblocks._STAMP_MARKS[b] for b in gzblocks.PLACEHOLDER[-4:])  # noqa: SLF001
+    assert gzblocks._linear_crc(marks) == gzblocks._ONE  # noqa: SLF001
+
+
+def test_a_stamp_of_another_length_is_refused():
+    try:
+        gzblocks.GzipList(b'"2026-11-28T08:30:00.5Z"')
+    except ValueError as e:
+        assert "24 bytes" in str(e)
+    else:
+        raise AssertionError("a 24-byte stamp was taken")
