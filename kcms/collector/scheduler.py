@@ -67,7 +67,7 @@ class Collector:
         self.timeout = timeout if timeout is not None else 0.9 * resolution
         self.node_filter = node_filter
         self.on_cycle = on_cycle
-        self._semaphore = asyncio.Semaphore(max_in_flight)
+        self.max_in_flight = max(1, max_in_flight)
         self._task: asyncio.Task[None] | None = None
         self.last_cycle_started = 0.0  # monotonic; 0 until the first cycle
         self.cycles = 0
@@ -147,8 +147,20 @@ class Collector:
         seen = self._last_success
         self._last_success = {n.name: seen.get(n.name, t0) for n in nodes}  # nodes gone are forgotten
         self.status.retain(self._last_success)
-        results = await asyncio.gather(*(self._scrape_one(n) for n in nodes))
-        failures = results.count(False)
+        # At most max_in_flight workers, each scraping the next node not taken yet (in the nodes'
+        # order, as a semaphore's queue gave them) until none is left. A task per node (5000 at
+        # once) made the cycle's first turn of the event loop run 5000 task steps, and a list or
+        # probe arriving then waited behind them all.
+        queue = iter(nodes)
+        failed = [0]
+
+        async def worker() -> None:
+            for node in queue:
+                if not await self._scrape_one(node):
+                    failed[0] += 1
+
+        await asyncio.gather(*(worker() for _ in range(min(self.max_in_flight, len(nodes)))))
+        failures = failed[0]
         elapsed = time.monotonic() - t0
         CYCLE_DURATION.observe(elapsed)
         self.cycles += 1
@@ -161,18 +173,17 @@ class Collector:
         return failures
 
     async def _scrape_one(self, node: NodeInfo) -> bool:
-        async with self._semaphore:
-            t0 = time.monotonic()
-            try:
-                async with asyncio.timeout(self.timeout):
-                    batch = await self.client.scrape(node)
-            except ScrapeError as e:
-                self.status.failure(node.name, e.reason)
-                return self._failed(node.name, e.reason, str(e))
-            except TimeoutError:
-                self.status.failure(node.name, "timeout")
-                return self._failed(node.name, "timeout", f"no answer within {self.timeout:.1f}s")
-            SCRAPE_DURATION.observe(time.monotonic() - t0)
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout):
+                batch = await self.client.scrape(node)
+        except ScrapeError as e:
+            self.status.failure(node.name, e.reason)
+            return self._failed(node.name, e.reason, str(e))
+        except TimeoutError:
+            self.status.failure(node.name, "timeout")
+            return self._failed(node.name, "timeout", f"no answer within {self.timeout:.1f}s")
+        SCRAPE_DURATION.observe(time.monotonic() - t0)
         _SUCCEEDED.inc()
         self.status.success(node.name)
         if node.name in self._last_success:
