@@ -424,27 +424,38 @@ async def gzipped_body_response(
 ) -> web.StreamResponse:
     """A 200 whose body is ``chunks``, one gzip stream already (``Content-Encoding: gzip``): joined
     and sent while within ``stream_above`` bytes, else streamed (:func:`stream_response`)."""
+    parts, whole = await _first_chunks(chunks, stream_above)
+    if whole:
+        hdrs = _response_headers(JSON, None)
+        _gzip_headers(hdrs)
+        return web.Response(body=b"".join(parts), headers=hdrs)
+    return await stream_response(request, _joined_then_rest(parts, chunks), gzipped=True)
+
+
+async def _first_chunks(chunks: AsyncIterator[bytes], limit: int) -> tuple[list[bytes], bool]:
+    """The chunks read until they come to more than ``limit`` bytes, and whether they are all."""
     parts: list[bytes] = []
     size = 0
     async for chunk in chunks:
         parts.append(chunk)
         size += len(chunk)
-        if size > stream_above:
-            break
-    else:
-        hdrs = _response_headers(JSON, None)
-        _gzip_headers(hdrs)
-        return web.Response(body=b"".join(parts), headers=hdrs)
+        if size > limit:
+            return parts, False
+    return parts, True
 
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            yield b"".join(parts)
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
 
-    return await stream_response(request, rest(), gzipped=True)
+async def _joined_then_rest(
+    parts: list[bytes], chunks: AsyncIterator[bytes], tail: bytes = b""
+) -> AsyncIterator[bytes]:
+    """``parts`` joined, then the rest of ``chunks``, then ``tail``; closes ``chunks`` in any case."""
+    try:
+        yield b"".join(parts)
+        async for chunk in chunks:
+            yield chunk
+        if tail:
+            yield tail
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def respond(
@@ -480,24 +491,7 @@ async def list_body_response(
     """A JSON list made of ``head``, the comma-joined item bytes ``items`` yields in chunks, and
     ``tail``: joined and sent (:func:`bytes_response_async`) while the items stay within
     ``stream_above`` bytes, else streamed (:func:`stream_response`) from what was read so far."""
-    parts = [head]
-    size = 0
-    async for chunk in items:
-        parts.append(chunk)
-        size += len(chunk)
-        if size > stream_above:
-            break
-    else:
-        parts.append(tail)
-        return await bytes_response_async(request, b"".join(parts))
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            yield b"".join(parts)
-            async for chunk in items:
-                yield chunk
-            yield tail
-        finally:
-            await items.aclose()  # type: ignore[attr-defined]
-
-    return await stream_response(request, rest())
+    parts, whole = await _first_chunks(items, stream_above)
+    if whole:
+        return await bytes_response_async(request, b"".join([head, *parts, tail]))
+    return await stream_response(request, _joined_then_rest([head, *parts], items, tail))
