@@ -2,8 +2,8 @@
 
 A gzipped list of every pod compressed its 57 MB of JSON on every request (150 000 pods: ~60 ms of
 ISA-L in the event loop, and a copy of each block to stamp its ``creationTimestamp``s). Here each
-node block (:mod:`.blocks`) is compressed once, when it is rendered, and a list joins the
-compressed pieces: a gzip member may hold any number of deflate blocks, and a piece that ends with
+node block (:mod:`.blocks`) is compressed once (while such lists come often, in the background)
+and a list joins the compressed pieces: a gzip member may hold any number of deflate blocks, and a piece that ends with
 a sync flush ends on a byte boundary, so pieces made apart follow one another.
 
 What varies per request is the ``creationTimestamp`` (the request's time, as in metrics-server),
@@ -21,7 +21,8 @@ tests) is compressed per request, as before.
 The gzip trailer's CRC-32 covers the bytes as sent. CRC-32 is affine in the message, so a block's
 CRC with placeholders and its *stamp positions* (the sum of x^(8d) over its placeholders, d the
 bytes after each) are kept; a list combines them block by block (``crc32_combine``, linear), and
-adds, once, the stamp positions of the whole list times the CRC of (timestamp XOR placeholder).
+adds, once, the stamp positions of the whole list times the linear CRC of (timestamp XOR
+placeholder).
 
 Needs ISA-L's ``crc32_combine`` (the ``isal`` package, a dependency): without it,
 :data:`AVAILABLE` is False and lists are compressed per request.
