@@ -210,8 +210,11 @@ def aggregate(fn: str, values: Sequence[float]) -> float:
         try:
             return math.fsum(values) / len(values)
         except OverflowError:  # finite values near the float limit: their sum overflows, the mean does not
-            n = len(values)
-            return math.fsum(v / n for v in values)
+            # Each term at most max/(2n), so fsum's partial sums stay within max/2 (with v / n, three
+            # values at the float limit overflowed it); the divisions round, so the doubled sum may
+            # pass the largest value by an ulp (or reach inf): the mean lies between min and max.
+            n2 = 2 * len(values)
+            return min(max(2 * math.fsum(v / n2 for v in values), min(values)), max(values))
     if fn == "max":
         return max(values)
     if fn == "min":
