@@ -22,7 +22,7 @@ from _http_helpers import serve_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcms.apis.metrics import convert, render
+from kcms.apis.metrics import blocks, convert, render
 from kcms.apis.metrics.api import MetricsAPI
 from kcms.apiserver import AggregatedAPIServer, AuthnOptions, AuthzOptions, ServingOptions
 from kcms.model import NodeBatch, NodeInfo, PodInfo, ResourcePoint
@@ -430,7 +430,7 @@ async def test_gzipped_lists_of_every_pod_are_spliced_from_compressed_blocks_ove
             old = s.inv.pod("team-a", "pod-2-1")
             s.inv.put_pod(dataclasses.replace(old, labels={"app": HOSTILE + "\x16\x13"}))
         await asyncio.sleep(0.2)  # rendering ahead renders (and compresses) node-1 again
-    spliced = [b.gz for b in s.api.pod_blocks._blocks.values() if b.gz]  # noqa: SLF001
+    spliced = [b for b in s.api.pod_blocks._blocks.values() if b.gz not in (None, blocks.NO_SPLICE)]  # noqa: SLF001
     assert len(spliced) >= 3  # the list before the last was spliced, not compressed whole
     status, _, plain = await s.get(f"{BASE}/pods")  # and identity lists are as before
     assert plain == expected_pods(s, plain)
