@@ -269,30 +269,25 @@ class NodeBlocks:
                 block = blocks[node] = self._node_block(node, token, store, usage_text)
                 work += len(block.infos)
                 _ON_LIST.inc()
-            if block.text and gz is not None:
-                compressed = None  # the first item goes without its leading comma: compressed now
-                if not first:
+            if block.text:
+                compressed = None
+                if gz is not None and not first:  # the first item goes without its comma: not spliced
                     if block.gz is None:  # compressed later, if rendering ahead goes on
                         to_compress[node] = None
                     elif block.gz is not NO_SPLICE:
                         compressed = block.gz
-                if compressed is None:
-                    text = block.text.replace(b"\0", created_json)
-                    piece = gz.text(text[1:] if first else text)
-                    pieces.append(piece)
-                    size += len(piece)
-                    first = False
-                else:
+                if gz is not None and compressed is not None:
                     pieces.extend(gz.block(compressed))
                     size += len(compressed.lead) + len(compressed.rest)
-            elif block.text:
-                text = block.text.replace(b"\0", created_json)
-                pieces.append(text)
-                size += len(text)
+                else:
+                    text = block.text.replace(b"\0", created_json)
+                    if first:
+                        text = text[1:]  # no separator before the first item
+                        first = False
+                    piece = text if gz is None else gz.text(text)
+                    pieces.append(piece)
+                    size += len(piece)
             if size >= chunk_bytes:
-                if first and gz is None:
-                    pieces[0] = pieces[0][1:]  # no separator before the first item
-                    first = False
                 yield b"".join(pieces)
                 pieces = []
                 size = 0
@@ -303,8 +298,6 @@ class NodeBlocks:
                     last_yield = perf_counter()
         if gz is not None:
             pieces.append(gz.finish(b"]}"))
-        elif pieces and first:
-            pieces[0] = pieces[0][1:]
         if pieces:
             yield b"".join(pieces)
         # Every block was checked (a list cut short, or a relist meanwhile, leaves the next to it),
