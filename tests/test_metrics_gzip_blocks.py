@@ -14,6 +14,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from isal import isal_zlib
+from prometheus_client import REGISTRY
 
 from kcms.apis.metrics import gzblocks
 
@@ -97,16 +98,42 @@ def test_an_empty_list_is_a_whole_member():
     assert gzip.decompress(body) == HEAD + TAIL
 
 
+def compressed_total(result: str) -> float:
+    return REGISTRY.get_sample_value("kcms_metrics_pod_blocks_compressed_total", {"result": result}) or 0.0
+
+
 def test_a_block_holding_the_placeholders_end_bytes_is_not_spliced_and_its_list_is_right():
     # orjson never writes raw control characters; a block that holds them anyway would be counted
     # as holding more timestamps than it does, and is refused
     for raw in (b"\x16", b"\x13", gzblocks.PLACEHOLDER):
         block = item("a", "b", 1) + b',{"x":"' + raw + b'"}' + item("c", "d", 2)
+        before = compressed_total("placeholder_bytes")
         assert gzblocks.compress_block(block) is None
+        assert compressed_total("placeholder_bytes") == before + 1
         blocks = [item("first", "x", 0), block]
         assert zlib.decompress(spliced(blocks, STAMP, [True, True]), 31) == expected(blocks, STAMP)
+    before = compressed_total("no_stamp")
     assert gzblocks.compress_block(b"") is None
     assert gzblocks.compress_block(b',{"no":"timestamp"}') is None
+    # more than a stored block's 65 535 bytes before the first timestamp
+    assert gzblocks.compress_block(b',{"x":"' + b"y" * 70_000 + b'"}' + item("a", "b", 1)) is None
+    assert compressed_total("no_stamp") == before + 3
+
+
+def test_timestamps_further_apart_than_the_window_fail_the_check_and_their_list_is_right():
+    # a pod whose labels hold more than deflate's 32 KiB window: the next timestamp cannot be coded
+    # as a copy of the one before it, so the compressor codes it as literals, which would inflate to
+    # the placeholder instead of the request's timestamp
+    block = item("a", "x", 1) + item("b", "v" * 34_000, 2) + item("c", "y", 3)
+    before = {r: compressed_total(r) for r in ("spliced", "check_failed")}
+    assert gzblocks.compress_block(block) is None
+    assert compressed_total("check_failed") == before["check_failed"] + 1
+    small = item("a", "x", 1) + item("b", "v" * 20_000, 2) + item("c", "y", 3)
+    assert gzblocks.compress_block(small) is not None
+    assert compressed_total("spliced") == before["spliced"] + 1
+    blocks = [item("first", "x", 0), block, small]
+    body = spliced(blocks, STAMP, [True, True, True])
+    assert gzip.decompress(body) == expected(blocks, STAMP)
 
 
 def test_the_check_refuses_a_stream_with_a_placeholder_coded_as_literals():
