@@ -437,6 +437,28 @@ async def test_gzipped_lists_of_every_pod_are_spliced_from_compressed_blocks_ove
     assert_clean_log(caplog)
 
 
+async def test_the_gzipped_list_right_after_a_cold_one_is_spliced(served: Served, caplog):
+    """A gzipped list that renders nodes' pods compresses them for splicing as it goes (all but
+    the first item's node, sent without its comma), so the next list, a moment later and before
+    rendering ahead has begun, splices every one of them and compresses none whole."""
+    caplog.set_level(logging.INFO)
+    s = served
+    node_blocks = s.api.pod_blocks
+    status, _, zipped = await s.get(f"{BASE}/pods", gzip_ok=True)
+    plain = gzip.decompress(zipped)
+    assert status == 200 and plain == expected_pods(s, plain)
+    assert node_blocks._prerender_handle is None  # noqa: SLF001 - one list: no rendering ahead yet
+    held = list(node_blocks._blocks.values())  # noqa: SLF001
+    compressed = [b for b in held if b.gz not in (None, blocks.NO_SPLICE)]
+    assert len(held) == 4 and len(compressed) == 3
+    made = {id(b.gz) for b in compressed}
+    status, _, zipped = await s.get(f"{BASE}/pods", gzip_ok=True)
+    plain = gzip.decompress(zipped)
+    assert status == 200 and plain == expected_pods(s, plain)
+    assert {id(b.gz) for b in node_blocks._blocks.values()} >= made  # noqa: SLF001 - reused
+    assert_clean_log(caplog)
+
+
 async def test_client_leaving_mid_stream_costs_only_its_response(served: Served, caplog):
     caplog.set_level(logging.INFO)
     s = served

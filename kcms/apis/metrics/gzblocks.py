@@ -127,6 +127,8 @@ def _stamp_marks(unit: bytes) -> bytes:
 
 
 _STAMP_MARKS = _stamp_marks(_unit_bytes()) if AVAILABLE else b""
+# The bytes _STAMP_MARKS marks: a block holding one raw would have a stamp where no placeholder is.
+_END_BYTES = tuple(bytes((byte,)) for byte in PLACEHOLDER[-4:])
 
 
 def stored(data: bytes, final: bool = False) -> bytes:
@@ -154,14 +156,15 @@ def compress_block(text: bytes) -> CompressedBlock | None:
     ``creationTimestamp`` goes) compressed for :class:`GzipList`, or None when it cannot be spliced
     (it holds placeholder bytes of its own, or its check failed): the list then compresses it."""
     assert _isal is not None
+    # Four scans for one byte each: counting the marks' zeros and the text's NULs instead cost
+    # 18 of a 30-pod block's 39 µs (measured in a loop).
+    if any(byte in text for byte in _END_BYTES):
+        _PLACEHOLDER_BYTES.inc()
+        return None
     expanded = text.replace(b"\0", PLACEHOLDER)
     first = expanded.find(PLACEHOLDER)
     if first < 1 or first + STAMP_LENGTH > _MAX_STORED:
         _NO_STAMP.inc()
-        return None
-    marks = expanded.translate(_STAMP_MARKS)
-    if len(marks) - marks.count(0) != 4 * text.count(b"\0"):
-        _PLACEHOLDER_BYTES.inc()
         return None
     after = first + STAMP_LENGTH
     compressor = _isal.compressobj(_LEVEL, _isal.DEFLATED, -15, zdict=expanded[:after])
@@ -171,6 +174,7 @@ def compress_block(text: bytes) -> CompressedBlock | None:
         return None
     _SPLICED.inc()
     crc = _isal.crc32(expanded)
+    marks = expanded.translate(_STAMP_MARKS)
     stamps = _isal.crc32(marks) ^ _isal.crc32(bytes(len(marks)))
     return CompressedBlock(
         stored_header(first + STAMP_LENGTH) + expanded[:first], rest, crc, stamps, len(expanded)
