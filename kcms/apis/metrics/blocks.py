@@ -24,8 +24,9 @@ A gzipped list (what kubectl and the aggregator ask for) is spliced from blocks 
 gzipped list that renders them (so the list right after a cold one is spliced too), and those a
 gzipped list sent uncompressed (rendered by an identity list, say) are compressed after it, in
 rendering ahead's steps. A list never compresses for later lists a block it did not render: it
-compresses those as one stream, as every gzipped list did before (the per-block compression costs
-~2.5x the stream's, and lists further apart find every block stale anyway).
+compresses those as one stream, as every gzipped list did before (compressing a block for
+splicing costs about twice its share of the stream, and lists further apart find every block stale
+anyway).
 
 Items come node by node, in the store's order, each node's pods in its kubelet's order; lists by
 namespace or selector keep :class:`~kcms.apis.metrics.render.ListRenderer`'s per-pod path and the
@@ -272,9 +273,9 @@ class NodeBlocks:
                 work += len(block.infos)
                 _ON_LIST.inc()
                 if gz is not None and not first and block.text:
-                    # compressed as it is rendered (+~45 µs on ~210 µs of rendering), so that the
-                    # next gzipped list splices it: at 5000 nodes the list right after a cold one
-                    # compressed all 57 MB itself (887 ms in the 28 Nov full run, against 165-285)
+                    # compressed as it is rendered (~30 µs a 30-pod block), so that the next
+                    # gzipped list splices it: in process at 5000 nodes, the lists right after a
+                    # cold one compressed all 57 MB whole, 108-160 ms, against 37-74 ms spliced
                     block.compressed()
                     work += len(block.infos) // COMPRESS_PODS
             if block.text:
