@@ -54,10 +54,9 @@ STREAM_BYTES = 1 << 20
 # A sweep runs when the cache holds more than 2x the entries it kept at the last one, plus this.
 SWEEP_SLACK = 1000
 
-_POD_LIST_HEAD = (
+POD_LIST_HEAD = (
     b'{"kind":"PodMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
 )
-POD_LIST_HEAD = _POD_LIST_HEAD
 _NODE_LIST_HEAD = (
     b'{"kind":"NodeMetricsList","apiVersion":"' + API_VERSION.encode() + b'","metadata":{},"items":['
 )
@@ -164,7 +163,7 @@ def node_usage_fragment(usage: Usage, texts: Texts, fmt: TimeFormatter) -> bytes
 
 async def list_response(request: web.Request, kind: str, chunks: AsyncIterator[bytes]) -> web.StreamResponse:
     """The ``<kind>`` list of the items in ``chunks``: joined and sent when small, streamed when not."""
-    head = _POD_LIST_HEAD if kind == "PodMetricsList" else _NODE_LIST_HEAD
+    head = POD_LIST_HEAD if kind == "PodMetricsList" else _NODE_LIST_HEAD
     return await list_body_response(request, head, chunks, stream_above=STREAM_BYTES)
 
 
