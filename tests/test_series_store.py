@@ -647,6 +647,7 @@ def test_append_block_refuses_rows_that_point_outside_the_tables():
 @example([1.7976931348623157e308] * 3, "x_total_agg_avg")  # v / 3 rounded up: fsum overflowed
 @example([1.7976931348623157e308] * 6, "x_total_agg_avg")
 @example([-1.7976931348623157e308] * 5, "x_total_agg_avg")
+@example([6.467654830448661e16] * 3, "x_total_agg_avg")  # (3v) / 3 rounded an ulp above v
 @given(
     st.lists(
         st.floats(allow_nan=False, allow_infinity=False, min_value=-1.7976931348623157e308),
