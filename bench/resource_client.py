@@ -5,7 +5,8 @@ The same :class:`Client` (``http.client`` over one kept-alive TLS connection, th
 the aggregator reuse theirs) times KCMS and the floor server, so the ratio between them is the
 server's cost alone. ``Accept-Encoding`` is chosen per request: ``gzip`` (what kubectl and the
 kube-apiserver's aggregator proxy send) or ``identity``; a gzip body is inflated inside the timed
-call, since a real client cannot use it before.
+call (a piece at a time, as a streaming client does: :data:`INFLATE_PIECE`), since a real client
+cannot use it before; the time to the body's last byte is kept too (``wire_seconds``).
 
 The floor server (``python bench/resource_client.py floor ...``) is plain asyncio + ssl: it
 answers every request on a connection with the same pre-rendered bytes (status line, headers,
@@ -29,14 +30,46 @@ from typing import Any
 import orjson
 import psutil
 
+# Inflated a piece at a time inside the timed call, the output dropped as it comes (kubectl's Go
+# client streams the body into its JSON decoder the same way; the application's copy is inflated
+# afterwards, untimed). Inflating the whole 57 MB list into one new buffer made that buffer's page
+# faults part of the figure, and on this VM they cost 16-28 ms of system time in one list and
+# 475-763 ms in another (28 Nov, 5000 nodes: the second list after the quiet phase took 794 ms,
+# 754 of them inflating, while KCMS's loop was idle; bench/resource_client.py's log of that run).
+INFLATE_PIECE = 64 * 1024
 
-@dataclass
+
+def timed_inflate(raw: bytes) -> None:
+    """Inflate a gzip body a piece at a time, keeping none of it; raise zlib.error if it is not
+    one whole gzip member."""
+    inflater = zlib.decompressobj(31)
+    view = memoryview(raw)
+    for i in range(0, len(view), INFLATE_PIECE):
+        inflater.decompress(view[i : i + INFLATE_PIECE])
+    inflater.flush()
+    if not inflater.eof:
+        raise zlib.error("truncated gzip body")
+
+
 class Response:
-    status: int
-    body: bytes  # as the application sees it (inflated)
-    raw: bytes  # the body as received on the connection
-    encoding: str  # Content-Encoding of the response ("" for identity)
-    seconds: float  # request sent .. body received and inflated
+    """One response: ``seconds`` from the request sent to the body received and inflated (a piece
+    at a time, see :data:`INFLATE_PIECE`), ``wire_seconds`` to its last byte received; ``body`` as
+    the application sees it (inflated on first use, outside the timing)."""
+
+    __slots__ = ("status", "raw", "encoding", "seconds", "wire_seconds", "_body")
+
+    def __init__(
+        self, status: int, raw: bytes, encoding: str, seconds: float, wire_seconds: float, body: bytes | None = None
+    ) -> None:
+        self.status, self.raw, self.encoding = status, raw, encoding
+        self.seconds, self.wire_seconds = seconds, wire_seconds
+        self._body = body
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            self._body = zlib.decompress(self.raw, 31) if self.encoding in ("gzip", "x-gzip") else self.raw
+        return self._body
 
     @property
     def wire_bytes(self) -> int:
@@ -68,7 +101,10 @@ class Client:
         cipher = sock.cipher()
         return sock.version() or "", cipher[0] if cipher else ""
 
-    def get(self, path: str, encoding: str = "gzip", timeout: float | None = None) -> Response:
+    def get(self, path: str, encoding: str = "gzip", timeout: float | None = None, whole: bool = False) -> Response:
+        """GET ``path``; a gzip body is inflated inside the timing, a piece at a time (``whole``:
+        into one buffer, the body kept, as before 28 Nov: the load clients, whose figures are
+        compared with earlier runs')."""
         headers = {"Accept": "application/json", "Accept-Encoding": encoding}
         for attempt in (0, 1):
             if self.conn is None:
@@ -91,12 +127,19 @@ class Client:
             except BaseException:
                 self.close()
                 raise
+            wire = time.perf_counter() - t0
             enc = (resp.getheader("Content-Encoding") or "").lower()
-            body = zlib.decompress(raw, 31) if enc in ("gzip", "x-gzip") else raw
+            body = None
+            if enc not in ("gzip", "x-gzip"):
+                body = raw
+            elif whole:
+                body = zlib.decompress(raw, 31)
+            else:
+                timed_inflate(raw)
             seconds = time.perf_counter() - t0
             if resp.getheader("Connection", "").lower() == "close":
                 self.close()
-            return Response(resp.status, body, raw, enc, seconds)
+            return Response(resp.status, raw, enc, seconds, wire, body)
         raise AssertionError("unreachable")
 
 
@@ -252,7 +295,7 @@ def _list_until(client: Client, path: str, encoding: str, stop: Any, results: An
     while not stop.is_set():
         sent = time.time()
         try:
-            r = client.get(path, encoding=encoding)
+            r = client.get(path, encoding=encoding, whole=True)
         except OSError as e:
             results.put((sent, float("nan"), -1, f"error: {e}"))
             time.sleep(0.5)

@@ -282,7 +282,7 @@ class Run(ProcessRun):
     # ---- 3. lists -------------------------------------------------------------------------------------
 
     def time_list(self, path: str, encoding: str, n: int) -> tuple[dict, Response]:
-        samples, r = [], None
+        samples, wire, r = [], [], None
         rendered = []  # all pods: nodes whose pods each list rendered (node blocks, on_list)
         for _ in range(n):
             before = read_scrapes(self.client).blocks_rendered if path == PODS_PATH else {}
@@ -290,13 +290,15 @@ class Run(ProcessRun):
             if r.status != 200:
                 raise SystemExit(f"GET {path}: HTTP {r.status}: {r.body[:300]!r}")
             samples.append(r.seconds * 1000)
+            wire.append(r.wire_seconds * 1000)
             if path == PODS_PATH:
                 after = read_scrapes(self.client).blocks_rendered
                 rendered.append(int(after.get("on_list", 0) - before.get("on_list", 0)))
         assert r is not None
         fig = {"p50_ms": statistics.median(samples), "p99_ms": pct(samples, 0.99), "max_ms": max(samples),
                "n": n, "items": len(items_of(r.body)), "wire_bytes": r.wire_bytes, "body_bytes": len(r.body),
-               "content_encoding": r.encoding, "samples_ms": [round(x, 1) for x in samples]}  # fmt: skip
+               "content_encoding": r.encoding, "samples_ms": [round(x, 1) for x in samples],
+               "wire_p50_ms": statistics.median(wire), "wire_samples_ms": [round(x, 1) for x in wire]}  # fmt: skip
         if rendered:
             fig["nodes_rendered"] = rendered
         return fig, r
@@ -359,10 +361,11 @@ class Run(ProcessRun):
                 port = int(srv.stdout.readline().split()[1])
                 client = Client("127.0.0.1", port)
                 client.get("/", encoding=enc)  # the handshake, as KCMS's connection had it already
-                samples = []
+                samples, wire = [], []
                 for _ in range(self.args.pod_requests):
                     r = client.get("/", encoding=enc)
                     samples.append(r.seconds * 1000)
+                    wire.append(r.wire_seconds * 1000)
                 tls = client.tls()
                 if enc == "gzip":
                     self.r["by_cycle"] = self.by_cycle(client, enc)
@@ -371,8 +374,11 @@ class Run(ProcessRun):
                 srv.terminate()
                 srv.wait(10)
             p50 = statistics.median(samples)
+            wire50 = statistics.median(wire)
             self.r["floor"][enc] = {"p50_ms": p50, "wire_bytes": len(raw), "tls": tls,
-                                    "ratio": self.r["lists"][enc]["pods"]["p50_ms"] / p50}  # fmt: skip
+                                    "ratio": self.r["lists"][enc]["pods"]["p50_ms"] / p50,
+                                    "wire_p50_ms": wire50,
+                                    "wire_ratio": self.r["lists"][enc]["pods"]["wire_p50_ms"] / wire50}  # fmt: skip
             body_file.unlink()
 
     def by_cycle(self, floor: Client, enc: str) -> dict:
@@ -386,28 +392,37 @@ class Run(ProcessRun):
         for phase in ("between", "during"):
             before = read_scrapes(self.client)
             lists, floors = self.in_phase(phase, [
-                lambda: self.client.get(PODS_PATH, encoding=enc).seconds * 1000,
-                lambda: floor.get("/", encoding=enc).seconds * 1000,
+                lambda: self.client.get(PODS_PATH, encoding=enc),
+                lambda: floor.get("/", encoding=enc),
             ])  # fmt: skip
-            fig: dict = {"list_ms": [round(x, 1) for x in lists], "floor_ms": [round(x, 1) for x in floors]}
+            list_wire = [r.wire_seconds * 1000 for r in lists]
+            floor_wire = [r.wire_seconds * 1000 for r in floors]
+            lists = [r.seconds * 1000 for r in lists]
+            floors = [r.seconds * 1000 for r in floors]
+            fig: dict = {"list_ms": [round(x, 1) for x in lists], "floor_ms": [round(x, 1) for x in floors],
+                         "list_wire_ms": [round(x, 1) for x in list_wire],
+                         "floor_wire_ms": [round(x, 1) for x in floor_wire]}  # fmt: skip
             # nodes the phase's lists rendered themselves, and served as of their previous scrape
             counts = read_scrapes(self.client).delta(before)
             fig["nodes_on_list"] = int(counts["nodes_on_list"])
             fig["nodes_previous"] = int(counts["nodes_previous"])
             if lists and floors:
                 fig.update(list_p50_ms=statistics.median(lists), floor_p50_ms=statistics.median(floors),
-                           ratio=statistics.median(lists) / statistics.median(floors))  # fmt: skip
+                           ratio=statistics.median(lists) / statistics.median(floors),
+                           list_wire_p50_ms=statistics.median(list_wire),
+                           floor_wire_p50_ms=statistics.median(floor_wire),
+                           wire_ratio=statistics.median(list_wire) / statistics.median(floor_wire))  # fmt: skip
             out[phase] = fig
         log(f"{self.nodes} nodes: list all pods ({enc}) by scrape-cycle phase " + json.dumps(out))
         return out
 
-    def in_phase(self, phase: str, calls: list[Callable[[], float]], max_cycles: int = 2) -> list[list[float]]:
+    def in_phase(self, phase: str, calls: list[Callable[[], Response]], max_cycles: int = 2) -> list[list[Response]]:
         """Up to --pod-requests results of each of ``calls`` (called in turn), each of a call that
         ran wholly between two scrape cycles (``between``: from once a cycle has ended until no
         other had begun) or wholly during one (``during``: from once a cycle has begun until it had
         not yet ended), over at most ``max_cycles`` cycles."""
         want = self.args.pod_requests
-        samples: list[list[float]] = [[] for _ in calls]
+        samples: list[list[Response]] = [[] for _ in calls]
         deadline = time.monotonic() + (max_cycles + 1) * self.args.resolution * 2
         for _ in range(max_cycles):
             if min(map(len, samples)) >= want:
@@ -430,13 +445,13 @@ class Run(ProcessRun):
             in_phase = True
             while in_phase and min(map(len, samples)) < want:
                 for call, got in zip(calls, samples, strict=True):
-                    ms = call()
+                    got_r = call()
                     after = read_scrapes(self.client)
                     if (after.last_cycle_start if phase == "between" else after.cycles) != base:
                         in_phase = False  # a cycle began (between) or ended (during) before the call did
                         break
                     if len(got) < want:
-                        got.append(ms)
+                        got.append(got_r)
         return samples
 
     # ---- 5. listing clients while collecting ------------------------------------------------------

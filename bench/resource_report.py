@@ -149,7 +149,9 @@ def rows(r: dict) -> list[tuple[str, str]]:
             (f"list all pods ({tag})", _vs(_get(r, "lists", enc, "pods", "p50_ms"), reference(n, "list_pods_ms"), 0, "ms")
              + f", {_num(_get(r, 'lists', enc, 'pods', 'items'), 0)} pods, {_num(_get(r, 'lists', enc, 'pods', 'wire_bytes') / 1e6, 1)} MB"),
             (f"list all pods / socket-write floor ({enc})",
-             f"{_num(_get(r, 'floor', enc, 'ratio'), 1)}x (floor {_num(_get(r, 'floor', enc, 'p50_ms'), 1)} ms)"),
+             f"{_num(_get(r, 'floor', enc, 'ratio'), 1)}x (floor {_num(_get(r, 'floor', enc, 'p50_ms'), 1)} ms); "
+             f"to the last byte {_num(_get(r, 'floor', enc, 'wire_ratio'), 1)}x "
+             f"({_num(_get(r, 'lists', enc, 'pods', 'wire_p50_ms'), 0)} / {_num(_get(r, 'floor', enc, 'wire_p50_ms'), 0)} ms)"),
             (f"one namespace by label, the HPA's query ({enc})",
              _vs(_get(r, "lists", enc, "hpa", "p50_ms"), reference(n, "hpa_ms"), 1, "ms")
              + f", {_num(_get(r, 'lists', enc, 'hpa', 'items'), 0)} pods"),
@@ -162,7 +164,9 @@ def rows(r: dict) -> list[tuple[str, str]]:
             f = by_cycle.get(phase) or {}
             cell = (
                 f"{_num(_get(f, 'ratio'), 1)}x (list {_num(_get(f, 'list_p50_ms'), 0)} ms, floor "
-                f"{_num(_get(f, 'floor_p50_ms'), 0)} ms; {len(f.get('list_ms', []))} / {len(f.get('floor_ms', []))} samples)"
+                f"{_num(_get(f, 'floor_p50_ms'), 0)} ms; {len(f.get('list_ms', []))} / {len(f.get('floor_ms', []))} samples); "
+                f"to the last byte {_num(_get(f, 'wire_ratio'), 1)}x ({_num(_get(f, 'list_wire_p50_ms'), 0)} / "
+                f"{_num(_get(f, 'floor_wire_p50_ms'), 0)} ms)"
             )
         out.append((f"list all pods / socket-write floor, {label} (gzip)", cell))
     if r.get("history"):  # history.kcms.io (docs/history.md): the query latencies, gzip
@@ -267,16 +271,21 @@ def raw_lines(r: dict) -> list[str]:
             )
             if what == "pods" and f.get("samples_ms"):  # the first follows a quiet minute: all re-rendered
                 out.append(f"    in order: {', '.join(f'{x:.0f}' for x in f['samples_ms'])} ms")
+                if f.get("wire_samples_ms"):
+                    out.append(f"    to the last byte: {', '.join(f'{x:.0f}' for x in f['wire_samples_ms'])} ms")
                 if f.get("nodes_rendered"):  # node blocks each list rendered (the rest were cached)
                     out.append(f"    nodes rendered by each: {', '.join(str(x) for x in f['nodes_rendered'])}")
     for enc, f in r["floor"].items():
         out.append(
             f"  socket-write floor ({enc:8s}): p50 {f['p50_ms']:9.1f} ms for {f['wire_bytes'] / 1e6:.2f} MB "
-            f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x"
+            f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x; to the last byte "
+            f"p50 {f.get('wire_p50_ms', math.nan):.1f} ms, list / floor = {f.get('wire_ratio', math.nan):.1f}x"
         )
     for phase, f in (r.get("by_cycle") or {}).items():
         if isinstance(f, dict):
             out.append(f"  list all pods (gzip) {phase} scrape cycles: lists {f['list_ms']} ms, floor {f['floor_ms']} ms")
+            if "list_wire_ms" in f:
+                out.append(f"    to the last byte: lists {f['list_wire_ms']} ms, floor {f['floor_wire_ms']} ms")
             if "nodes_on_list" in f:
                 out.append(f"    nodes the lists rendered: {f['nodes_on_list']}; served as of their previous scrape: "
                            f"{f['nodes_previous']}")  # fmt: skip

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
 import subprocess
 import sys
+import zlib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -82,6 +86,12 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
             # the floor server sent exactly the bytes KCMS sent for all pods
             assert r["floor"][enc]["wire_bytes"] == r["lists"][enc]["pods"]["wire_bytes"] > 0
             assert r["floor"][enc]["tls"][0] == r["tls"][0]
+            # each time to the last byte is part of its time with the body inflated
+            pods_fig = r["lists"][enc]["pods"]
+            assert len(pods_fig["wire_samples_ms"]) == len(pods_fig["samples_ms"])
+            assert all(0 < w <= t for w, t in zip(pods_fig["wire_samples_ms"], pods_fig["samples_ms"], strict=True))
+            assert 0 < r["floor"][enc]["wire_p50_ms"] <= r["floor"][enc]["p50_ms"]
+            assert r["floor"][enc]["wire_ratio"] == pytest.approx(pods_fig["wire_p50_ms"] / r["floor"][enc]["wire_p50_ms"])
         assert r["lists"]["identity"]["pods"]["content_encoding"] == ""
         assert r["pods_served_pct"] == 100.0 and r["load"]["pods_served_pct_end"] == 100.0
         assert r["load"]["lists"] > 0 and r["load"]["cycles"] >= 2
@@ -92,6 +102,8 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
         # 2-3 nodes lasts milliseconds: one wholly during it is rare, and not asserted)
         between = r["by_cycle"]["between"]
         assert len(between["list_ms"]) == len(between["floor_ms"]) == 2 and between["ratio"] > 0, between
+        assert len(between["list_wire_ms"]) == len(between["floor_wire_ms"]) == 2 and between["wire_ratio"] > 0
+        assert all(w <= t for w, t in zip(between["list_wire_ms"], between["list_ms"], strict=True)), between
         assert 0 < r["t95_nodes_s"] <= r["t95_pods_s"]
 
 
@@ -124,9 +136,11 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
     assert 0 < rr.machine_loop_seconds(repeat=1) < 10
     r = {"nodes": 1000, "cpu_mc_per_node": 0.03, "rss_mb_per_node": 0.3, "t95_nodes_s": 12.05, "t95_pods_s": 13.0,
          "pods_served_pct": 100.0,
-         "lists": {e: {"nodes": {"p50_ms": 14.0}, "pods": {"p50_ms": 818.0, "items": 30000, "wire_bytes": 9e6},
+         "lists": {e: {"nodes": {"p50_ms": 14.0}, "pods": {"p50_ms": 818.0, "items": 30000, "wire_bytes": 9e6,
+                                                                   "wire_p50_ms": 300.0},
                        "hpa": {"p50_ms": 18.5, "items": 690}} for e in ("gzip", "identity")},
-         "floor": {e: {"p50_ms": 100.0, "ratio": 8.18} for e in ("gzip", "identity")}}  # fmt: skip
+         "floor": {e: {"p50_ms": 100.0, "ratio": 8.18, "wire_p50_ms": 50.0, "wire_ratio": 6.0}
+                       for e in ("gzip", "identity")}}  # fmt: skip
     table = rr.markdown_table([r])
     assert "| time until 95 % of nodes are served | 12.1 / 24.1 s (0.50x) |" in table, table
     cpu_ref = rr.reference(1000, "cpu_mc_per_node")
@@ -134,7 +148,7 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
     r["machine_loop_s"] = slow
     assert f"0.030 / {2 * cpu_ref:.3f} mcore" in rr.markdown_table([r])
     assert "| list all pods (Accept-Encoding gzip) | 818 / 1 636 ms (0.50x), 30 000 pods, 9.0 MB |" in table, table
-    assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms) |" in table, table
+    assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms); to the last byte 6.0x (300 / 50 ms) |" in table, table
 
 
 def test_prometheus_bridge_runs_against_a_real_prometheus_and_prints_every_figure(tmp_path: Path) -> None:
@@ -169,3 +183,24 @@ def test_remote_write_quick_run_prints_every_figure_against_the_target() -> None
     for name in ("decode", "decode+bind+store", "first round (cold)", "HTTPS, wall", "HTTPS, server CPU"):
         line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith(name + " "))
         assert "samples/s median" in line and "x the 200,000 target" in line, line
+
+
+def test_the_bench_client_inflates_in_pieces_and_refuses_a_cut_body() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import resource_client as rc
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    text = b"".join(b'{"n":%d},' % i for i in range(200_000))  # several pieces of compressed input
+    body = gzip.compress(text, 1)
+    assert len(body) > 2 * rc.INFLATE_PIECE
+    rc.timed_inflate(body)
+    for cut in (body[:-9], body[: rc.INFLATE_PIECE + 1], body[:20]):
+        with pytest.raises(zlib.error):
+            rc.timed_inflate(cut)
+    with pytest.raises(zlib.error):  # a corrupt piece, not only a short one
+        rc.timed_inflate(body[:100] + bytes(200) + body[300:])
+    # the application's copy is inflated on first use, outside the timing, and only then
+    r = rc.Response(200, body, "gzip", 0.2, 0.1)
+    assert r._body is None and r.body == text and r.wire_bytes == len(body)
+    assert rc.Response(200, text, "", 0.1, 0.1, text).body is text
