@@ -34,8 +34,8 @@ import psutil
 # client streams the body into its JSON decoder the same way; the application's copy is inflated
 # afterwards, untimed). Inflating the whole 57 MB list into one new buffer made that buffer's page
 # faults part of the figure, and on this VM they cost 16-28 ms of system time in one list and
-# 475-763 ms in another (28 Nov, 5000 nodes: the second list after the quiet phase took 794 ms,
-# 754 of them inflating, while KCMS's loop was idle; bench/resource_client.py's log of that run).
+# 475-763 ms in another (28 Nov, an instrumented 5000-node run: the second list after the quiet
+# phase took 794 ms, 754 of them inflating, while KCMS's event loop was idle; docs/performance.md).
 INFLATE_PIECE = 64 * 1024
 
 

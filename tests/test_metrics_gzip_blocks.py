@@ -32,18 +32,26 @@ def item(name: str, label: str, cpu: int) -> bytes:
     )  # fmt: skip
 
 
-def spliced(blocks: list[bytes], stamp: bytes, compress: list[bool]) -> bytes:
+def spliced(blocks: list[bytes], stamp: bytes, compress: list[bool], runs: bool = False) -> bytes:
     """The gzip member of HEAD, ``blocks`` and TAIL as a list assembles it: the first block (its
-    comma dropped) and those not in ``compress`` compressed now, the others spliced."""
+    comma dropped) and those not in ``compress`` compressed now, the others spliced (``runs``:
+    consecutive ones in one ``GzipList.blocks`` call, as the list does with blocks it had ready)."""
     member = gzblocks.GzipList(stamp)
     pieces = [member.start(HEAD)]
+    run: list[gzblocks.CompressedBlock] = []
     for i, block in enumerate(blocks):
         made = gzblocks.compress_block(block) if i and compress[i] else None
+        if made is not None and runs:
+            run.append(made)
+            continue
+        member.blocks(run, pieces)
+        run.clear()
         if made is None:
             text = block.replace(b"\0", stamp)
             pieces.append(member.text(text[1:] if i == 0 else text))
         else:
             pieces.extend(member.block(made))
+    member.blocks(run, pieces)
     pieces.append(member.finish(TAIL))
     return b"".join(pieces)
 
@@ -67,7 +75,7 @@ blocks_strategy = st.lists(
 def test_a_spliced_list_inflates_to_the_text_with_its_timestamp(blocks, stamp, data):
     # any 22 bytes as the stamp, NULs and placeholder bytes included: it travels in a stored block
     compress = data.draw(st.lists(st.booleans(), min_size=len(blocks), max_size=len(blocks)))
-    body = spliced(blocks, stamp, compress)
+    body = spliced(blocks, stamp, compress, runs=data.draw(st.booleans()))
     want = expected(blocks, stamp)
     assert zlib.decompress(body, 31) == want  # checks the CRC-32 and the length
     assert gzip.decompress(body) == want
@@ -86,6 +94,8 @@ def test_a_cluster_sized_list_is_spliced_whole_and_smaller_than_a_fifth():
         body = spliced(blocks, stamp, [True] * len(blocks))
         want = expected(blocks, stamp)
         assert zlib.decompress(body, 31) == want
+        # the blocks in one run make the same bytes as one at a time
+        assert spliced(blocks, stamp, [True] * len(blocks), runs=True) == body
         assert len(body) < len(want) / 5
         assert (
             orjson.loads(zlib.decompress(body, 31))["items"][7]["metadata"]["creationTimestamp"]

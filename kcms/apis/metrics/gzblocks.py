@@ -250,6 +250,24 @@ class GzipList:
         lead = block.lead if self._compressor is None else self._flush() + block.lead
         return lead, self.stamp, block.rest
 
+    def blocks(self, run: list[CompressedBlock], pieces: list[bytes]) -> None:
+        """:meth:`block` for each of ``run`` in turn, its pieces appended to ``pieces``: one call
+        for the blocks between two text pieces (the list's usual case: every node spliced)."""
+        if not run:
+            return
+        assert _isal is not None
+        combine = _isal.crc32_combine
+        crc, stamps, length, stamp = self.crc, self.stamps, self.length, self.stamp
+        if self._compressor is not None:
+            pieces.append(self._flush())
+        for block in run:
+            n = block.length
+            crc = combine(crc, block.crc, n)
+            stamps = combine(stamps, block.stamps, n)
+            length += n
+            pieces += (block.lead, stamp, block.rest)
+        self.crc, self.stamps, self.length = crc, stamps, length
+
     def finish(self, tail: bytes) -> bytes:
         """``tail`` as the final (stored) block, and the gzip trailer."""
         assert _isal is not None
