@@ -103,8 +103,8 @@ class Client:
 
     def get(self, path: str, encoding: str = "gzip", timeout: float | None = None, whole: bool = False) -> Response:
         """GET ``path``; a gzip body is inflated inside the timing, a piece at a time (``whole``:
-        into one buffer, the body kept, as before 28 Nov: the load clients, whose figures are
-        compared with earlier runs')."""
+        into one buffer, the body kept, as every list was timed until 28 Nov 15:00; the load
+        clients still do, so their figures compare with earlier runs')."""
         headers = {"Accept": "application/json", "Accept-Encoding": encoding}
         for attempt in (0, 1):
             if self.conn is None:
