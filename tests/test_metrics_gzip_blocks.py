@@ -34,8 +34,8 @@ def item(name: str, label: str, cpu: int) -> bytes:
 
 def spliced(blocks: list[bytes], stamp: bytes, compress: list[bool], runs: bool = False) -> bytes:
     """The gzip member of HEAD, ``blocks`` and TAIL as a list assembles it: the first block (its
-    comma dropped) and those not in ``compress`` compressed now, the others spliced (``runs``:
-    consecutive ones in one ``GzipList.blocks`` call, as the list does with blocks it had ready)."""
+    comma dropped) and those not in ``compress`` compressed now, the others spliced, one
+    ``GzipList.blocks`` call each (``runs``: consecutive ones in one call, as the list does)."""
     member = gzblocks.GzipList(stamp)
     pieces = [member.start(HEAD)]
     run: list[gzblocks.CompressedBlock] = []
@@ -50,7 +50,7 @@ def spliced(blocks: list[bytes], stamp: bytes, compress: list[bool], runs: bool 
             text = block.replace(b"\0", stamp)
             pieces.append(member.text(text[1:] if i == 0 else text))
         else:
-            pieces.extend(member.block(made))
+            member.blocks([made], pieces)
     member.blocks(run, pieces)
     pieces.append(member.finish(TAIL))
     return b"".join(pieces)

@@ -459,6 +459,25 @@ async def test_the_gzipped_list_right_after_a_cold_one_is_spliced(served: Served
     assert_clean_log(caplog)
 
 
+async def test_a_node_that_cannot_be_spliced_goes_between_spliced_ones_in_order(served: Served, caplog):
+    """A node whose block cannot be spliced (a pod with 34 000 bytes of labels puts two timestamps
+    further apart than deflate reaches) is compressed by each gzipped list, between the runs of
+    spliced blocks before and after it: the list inflates, CRC-32 checked, to the dict path's bytes."""
+    caplog.set_level(logging.INFO)
+    s = served
+    old = s.inv.pod("default", "pod-2-3")
+    s.inv.put_pod(dataclasses.replace(old, labels={"big": "x" * 34_000}))
+    node_blocks = s.api.pod_blocks
+    for _ in range(3):
+        status, _, zipped = await s.get(f"{BASE}/pods", gzip_ok=True)
+        plain = gzip.decompress(zipped)
+        assert status == 200 and plain == expected_pods(s, plain)
+    held = node_blocks._blocks  # noqa: SLF001
+    assert held["node-2"].gz is blocks.NO_SPLICE  # sent as text, after node-1's spliced block
+    assert all(held[n].gz not in (None, blocks.NO_SPLICE) for n in ("node-1", "node-3"))
+    assert_clean_log(caplog)
+
+
 async def test_client_leaving_mid_stream_costs_only_its_response(served: Served, caplog):
     caplog.set_level(logging.INFO)
     s = served

@@ -251,83 +251,76 @@ class NodeBlocks:
         for node, token in store.pod_blocks(now):
             seen.append(node)
             block = blocks.get(node)
-            if gz is not None and not first and block is not None and block.token is token:
+            compressed = None  # the node's block, to be spliced
+            if (
+                gz is not None
+                and not first
+                and block is not None
+                and block.token is token
+                and block.gz is not None
+                and block.gz is not NO_SPLICE
+                and block.text
+                and (not check_all or block.unchanged_in(lookup))
+            ):
                 # The usual case, a node as the last list had it, compressed: its block joins the
                 # run that GzipList.blocks splices in one call (bench/list_render.py, 5000 nodes,
                 # two runs each, alternated: a gzipped list 39 and 36 -> 32 and 29 ms, its CPU
                 # 39 and 33 -> 31 and 28 ms).
+                work += 1
                 compressed = block.gz
-                if (
-                    compressed is not None
-                    and compressed is not NO_SPLICE
-                    and block.text
-                    and (not check_all or block.unchanged_in(lookup))
-                ):
-                    run.append(compressed)
-                    size += len(compressed.lead) + len(compressed.rest)
-                    work += 1
-                    if size >= chunk_bytes:
-                        gz.blocks(run, pieces)
-                        run.clear()
-                        yield b"".join(pieces)
-                        pieces = []
-                        size = 0
-                    if work >= YIELD_CHECK:
-                        work = 0
-                        if perf_counter() - last_yield >= YIELD_AFTER:
-                            await asyncio.sleep(0)
-                            last_yield = perf_counter()
-                    continue
-            if block is None:
-                pass
-            elif block.token is token:
-                work += 1
-                if check_all and not block.unchanged_in(lookup):
-                    block = None  # a pod of the node changed (labels, phase) or left the inventory
-            elif (
-                stand_in
-                and block.text  # a node with no pod served yet (a first scrape) is rendered now
-                and block.rendered >= rendered_since
-                and owns(node, block.keys)
-                and block.unchanged_in(lookup)
-            ):
-                work += 1
-                pending[node] = None
-                BLOCKS_PREVIOUS.inc()
             else:
-                block = None
-            if block is None:
-                block = blocks[node] = self._node_block(node, token, store, usage_text)
-                work += len(block.infos)
-                _ON_LIST.inc()
-                if gz is not None and not first and block.text:
-                    # compressed as it is rendered (~30 µs a 30-pod block), so that the next
-                    # gzipped list splices it: in process at 5000 nodes, the lists right after a
-                    # cold one compressed all 57 MB whole, 108-160 ms, against 37-74 ms spliced
-                    block.compressed()
-                    work += len(block.infos) // COMPRESS_PODS
-            if block.text:
-                compressed = None
-                if gz is not None and not first:  # the first item goes without its comma: not spliced
-                    if run:
-                        gz.blocks(run, pieces)
-                        run.clear()
-                    if block.gz is None:  # compressed later, if rendering ahead goes on
-                        to_compress[node] = None
-                    elif block.gz is not NO_SPLICE:
-                        compressed = block.gz
-                if gz is not None and compressed is not None:
-                    pieces.extend(gz.block(compressed))
-                    size += len(compressed.lead) + len(compressed.rest)
+                if block is None:
+                    pass
+                elif block.token is token:
+                    work += 1
+                    if check_all and not block.unchanged_in(lookup):
+                        block = None  # a pod of the node changed (labels, phase) or left the inventory
+                elif (
+                    stand_in
+                    and block.text  # a node with no pod served yet (a first scrape) is rendered now
+                    and block.rendered >= rendered_since
+                    and owns(node, block.keys)
+                    and block.unchanged_in(lookup)
+                ):
+                    work += 1
+                    pending[node] = None
+                    BLOCKS_PREVIOUS.inc()
                 else:
-                    text = block.text.replace(b"\0", created_json)
-                    if first:
-                        text = text[1:]  # no separator before the first item
-                        first = False
-                    piece = text if gz is None else gz.text(text)
-                    pieces.append(piece)
-                    size += len(piece)
+                    block = None
+                if block is None:
+                    block = blocks[node] = self._node_block(node, token, store, usage_text)
+                    work += len(block.infos)
+                    _ON_LIST.inc()
+                    if gz is not None and not first and block.text:
+                        # compressed as it is rendered (~30 µs a 30-pod block), so that the next
+                        # gzipped list splices it: in process at 5000 nodes, the lists right after a
+                        # cold one compressed all 57 MB whole, 108-160 ms, against 37-74 ms spliced
+                        block.compressed()
+                        work += len(block.infos) // COMPRESS_PODS
+                if block.text:
+                    if gz is not None and not first:  # the first item goes without its comma: not spliced
+                        if block.gz is None:  # compressed later, if rendering ahead goes on
+                            to_compress[node] = None
+                        elif block.gz is not NO_SPLICE:
+                            compressed = block.gz
+                    if compressed is None:
+                        text = block.text.replace(b"\0", created_json)
+                        if first:
+                            text = text[1:]  # no separator before the first item
+                            first = False
+                        if gz is not None:
+                            gz.blocks(run, pieces)  # the blocks before it, then its text
+                            run.clear()
+                        piece = text if gz is None else gz.text(text)
+                        pieces.append(piece)
+                        size += len(piece)
+            if compressed is not None:
+                run.append(compressed)
+                size += len(compressed.lead) + len(compressed.rest)
             if size >= chunk_bytes:
+                if gz is not None:
+                    gz.blocks(run, pieces)
+                    run.clear()
                 yield b"".join(pieces)
                 pieces = []
                 size = 0

@@ -197,9 +197,9 @@ def stored_header(n: int) -> bytes:
 
 
 class GzipList:
-    """One gzip member built piece by piece: :meth:`text` (bytes compressed now), :meth:`block`
-    (a :class:`CompressedBlock` with this list's timestamp), :meth:`finish`. Each returns the
-    pieces to send, in order."""
+    """One gzip member built piece by piece: :meth:`text` (bytes compressed now), :meth:`blocks`
+    (:class:`CompressedBlock` objects with this list's timestamp, appended to a list of pieces),
+    :meth:`finish`. The pieces go out in the order made."""
 
     __slots__ = ("crc", "length", "stamp", "stamps", "_compressor", "_stamp_crc")
 
@@ -240,19 +240,10 @@ class GzipList:
         compressor, self._compressor = self._compressor, None
         return b"" if compressor is None else compressor.flush(_isal.Z_SYNC_FLUSH)  # type: ignore[union-attr]
 
-    def block(self, block: CompressedBlock) -> tuple[bytes, bytes, bytes]:
-        """``block`` with this list's timestamp: its lead (after what text was pending), the stamp,
-        its compressed rest."""
-        assert _isal is not None
-        self.crc = _isal.crc32_combine(self.crc, block.crc, block.length)
-        self.stamps = _isal.crc32_combine(self.stamps, block.stamps, block.length)
-        self.length += block.length
-        lead = block.lead if self._compressor is None else self._flush() + block.lead
-        return lead, self.stamp, block.rest
-
     def blocks(self, run: list[CompressedBlock], pieces: list[bytes]) -> None:
-        """:meth:`block` for each of ``run`` in turn, its pieces appended to ``pieces``: one call
-        for the blocks between two text pieces (the list's usual case: every node spliced)."""
+        """Each of ``run`` with this list's timestamp, in turn, appended to ``pieces``: its lead
+        (after what text was pending), the stamp, its compressed rest. One call for the blocks
+        between two text pieces (the list's usual case: every node spliced)."""
         if not run:
             return
         assert _isal is not None
