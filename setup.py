@@ -18,5 +18,11 @@ setup(
             extra_compile_args=FLAGS,
         ),
         Extension("kcms.store._columns", ["kcms/store/_columns.c"], optional=True, extra_compile_args=FLAGS),
+        Extension(
+            "kcms.apis.metrics._gzsplice",
+            ["kcms/apis/metrics/_gzsplice.c"],
+            optional=True,
+            extra_compile_args=FLAGS,
+        ),
     ]
 )

@@ -11,6 +11,7 @@ import random
 import zlib
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from isal import isal_zlib
@@ -21,6 +22,16 @@ from kcms.apis.metrics import gzblocks
 HEAD = b'{"kind":"PodMetricsList","apiVersion":"metrics.k8s.io/v1beta1","metadata":{},"items":['
 TAIL = b"]}"
 STAMP = b'"2026-11-28T08:30:00Z"'
+
+
+@pytest.fixture(autouse=True, scope="module", params=["c", "python"])
+def splicer(request):
+    """Every test twice: runs spliced in C (kcms/apis/metrics/_gzsplice.c, as installed) and by
+    GzipList.blocks' Python loop (what an install without a C compiler runs)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "python":
+            mp.setattr(gzblocks, "_splice", None)
+        yield request.param
 
 
 def item(name: str, label: str, cpu: int) -> bytes:
@@ -163,9 +174,10 @@ def test_the_check_refuses_a_stream_with_a_placeholder_coded_as_literals():
 def test_the_crc_arithmetic_is_isals():
     rng = random.Random(3)
     for _ in range(200):
-        a, n = rng.getrandbits(32), rng.randint(0, 10**8)
-        shift = isal_zlib.crc32_combine(gzblocks._ONE, 0, n)  # noqa: SLF001 - x^(8n)
+        a, b, n = rng.getrandbits(32), rng.getrandbits(32), rng.randint(0, 10**8)
+        shift = gzblocks.shift_of(n)  # x^(8n)
         assert gzblocks._mulmod(shift, a) == isal_zlib.crc32_combine(a, 0, n)  # noqa: SLF001
+        assert gzblocks._mulmod(shift, a) ^ b == isal_zlib.crc32_combine(a, b, n)  # noqa: SLF001
         assert gzblocks._mulmod(a, gzblocks._ONE) == a  # noqa: SLF001
     marks = bytes(gzblocks._STAMP_MARKS[b] for b in gzblocks.PLACEHOLDER[-4:])  # noqa: SLF001
     assert gzblocks._linear_crc(marks) == gzblocks._ONE  # noqa: SLF001
@@ -178,3 +190,51 @@ def test_a_stamp_of_another_length_is_refused():
         assert "24 bytes" in str(e)
     else:
         raise AssertionError("a 24-byte stamp was taken")
+
+
+def test_the_c_splice_is_built_and_combines_as_isal(splicer):
+    """CI compiles kcms/apis/metrics/_gzsplice.c: it must be there. Against crc32_combine, block by
+    block, with CRCs at 0 and 2^32 - 1 and lengths up to 2^32 (a shift of every kind), it gives the
+    same CRC, stamp positions and length, and appends each block's lead, the stamp and its rest."""
+    from kcms.apis.metrics import _gzsplice
+
+    assert (gzblocks._splice is not None) == (splicer == "c")  # noqa: SLF001
+    rng = random.Random(11)
+    edges = [0, 1, 0xFFFFFFFF, gzblocks._ONE]  # noqa: SLF001
+    for _ in range(300):
+        run = []
+        for _ in range(rng.randint(0, 6)):
+            n = rng.choice([0, 1, 22, rng.randint(0, 70_000), 2**32 - 1, 2**32])
+            crc, stamps = rng.choice([*edges, rng.getrandbits(32)]), rng.choice([*edges, rng.getrandbits(32)])
+            run.append(gzblocks.CompressedBlock(rng.randbytes(3), rng.randbytes(5), crc, stamps, n, gzblocks.shift_of(n)))
+        crc, stamps = rng.choice([*edges, rng.getrandbits(32)]), rng.choice([*edges, rng.getrandbits(32)])
+        want_crc, want_stamps, want_pieces = crc, stamps, [b"before"]
+        for block in run:
+            want_crc = isal_zlib.crc32_combine(want_crc, block.crc, block.length)
+            want_stamps = isal_zlib.crc32_combine(want_stamps, block.stamps, block.length)
+            want_pieces += [block.lead, STAMP, block.rest]
+        pieces = [b"before"]
+        got = _gzsplice.splice(run, pieces, STAMP, crc, stamps)
+        assert got == (want_crc, want_stamps, sum(b.length for b in run))
+        assert pieces == want_pieces
+
+
+def test_the_c_splice_refuses_what_is_not_a_run_of_blocks():
+    from kcms.apis.metrics import _gzsplice
+
+    good = gzblocks.CompressedBlock(b"l", b"r", 1, 2, 3, gzblocks.shift_of(3))
+    for run, error in [
+        ([(b"l", b"r", 1, 2, 3)], TypeError),  # five fields
+        ([good[:5] + (2**32,)], ValueError),  # a shift over 32 bits
+        ([good._replace(crc=-1)], OverflowError),
+        ([good._replace(stamps=1.5)], TypeError),
+        ([good._replace(lead="l")], TypeError),
+        ([good._replace(length=-1)], TypeError),
+        ([good, None], TypeError),
+    ]:
+        with pytest.raises(error):
+            _gzsplice.splice(run, [], STAMP, 0, 0)
+    with pytest.raises(ValueError):
+        _gzsplice.splice([good], [], STAMP, 2**32, 0)
+    with pytest.raises(TypeError):
+        _gzsplice.splice((good,), [], STAMP, 0, 0)  # a tuple, not a list

@@ -97,7 +97,7 @@ YIELD_CHECK = 100
 RELEASE_AFTER_RESOLUTIONS = 2
 _dumps = orjson.dumps
 # _NodeBlock.gz of a block gzblocks.compress_block refused (compared by identity)
-NO_SPLICE = gzblocks.CompressedBlock(b"", b"", 0, 0, 0)
+NO_SPLICE = gzblocks.CompressedBlock(b"", b"", 0, 0, 0, 0)
 # Compressing a node block (gzblocks.compress_block) costs about what rendering a fifth of its pods
 # does (~30 µs a 30-pod block, in a loop, against ~5 µs a pod): the budgets count it so.
 COMPRESS_PODS = 5

@@ -27,13 +27,14 @@ adds, once, the stamp positions of the whole list times the linear CRC of (times
 placeholder).
 
 Needs ISA-L's ``crc32_combine`` (the ``isal`` package, a dependency): without it,
-:data:`AVAILABLE` is False and lists are compressed per request.
+:data:`AVAILABLE` is False and lists are compressed per request. Where ``_gzsplice.c`` is built, a
+run of blocks is spliced in C: each block keeps x^(8 * its length) (:func:`shift_of`), so that
+combining it is one product modulo the polynomial, not ``crc32_combine``'s powers of x each time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
@@ -41,6 +42,10 @@ try:
     from isal import isal_zlib as _isal
 except ImportError:  # pragma: no cover - platforms without isal wheels compress per request
     _isal = None
+try:
+    from kcms.apis.metrics._gzsplice import splice as _splice
+except ImportError:  # no C compiler at install: GzipList.blocks combines in Python
+    _splice = None
 
 AVAILABLE = _isal is not None
 STAMP_LENGTH = 22  # len(orjson.dumps("2026-11-28T08:30:00Z"))
@@ -137,18 +142,20 @@ def stored(data: bytes, final: bool = False) -> bytes:
     return (b"\x01" + header[1:] if final else header) + data
 
 
-@dataclass(slots=True, frozen=True)
-class CompressedBlock:
+class CompressedBlock(NamedTuple):
     """A node block compressed for splicing: ``lead`` is the stored block header and the text up to
     the first timestamp (the timestamp follows it on the wire), ``rest`` the compressed remainder,
     ``crc`` the CRC-32 and ``stamps`` the stamp positions of the whole text with placeholders,
-    ``length`` its length."""
+    ``length`` its length, ``shift`` x^(8 * length) modulo the CRC-32 polynomial (what a CRC before
+    the block is multiplied by to combine it with the block's). A tuple: the C splice
+    (``_gzsplice.c``) reads its fields by position."""
 
     lead: bytes
     rest: bytes
     crc: int
     stamps: int
     length: int
+    shift: int
 
 
 def compress_block(text: bytes) -> CompressedBlock | None:
@@ -177,9 +184,17 @@ def compress_block(text: bytes) -> CompressedBlock | None:
     crc = _isal.crc32(expanded)
     marks = expanded.translate(_STAMP_MARKS)
     stamps = _isal.crc32(marks) ^ _isal.crc32(bytes(len(marks)))
+    length = len(expanded)
     return CompressedBlock(
-        stored_header(first + STAMP_LENGTH) + expanded[:first], rest, crc, stamps, len(expanded)
+        stored_header(first + STAMP_LENGTH) + expanded[:first], rest, crc, stamps, length, shift_of(length)
     )
+
+
+def shift_of(length: int) -> int:
+    """x^(8 * ``length``) modulo the CRC-32 polynomial: ``crc32_combine`` of the polynomial 1 with
+    the CRC of ``length`` bytes of nothing."""
+    assert _isal is not None
+    return _isal.crc32_combine(_ONE, 0, length)
 
 
 def splices(lead: bytes, rest: bytes, text: bytes) -> bool:
@@ -247,10 +262,16 @@ class GzipList:
         if not run:
             return
         assert _isal is not None
-        combine = _isal.crc32_combine
-        crc, stamps, length, stamp = self.crc, self.stamps, self.length, self.stamp
         if self._compressor is not None:
             pieces.append(self._flush())
+        if _splice is not None:
+            # in C (_gzsplice.c), each block's combine a product by its shift: at 5000 nodes,
+            # NodeBlocks.items of a gzipped list 21.2 -> 12.6 ms (medians of 21, alternated)
+            self.crc, self.stamps, length = _splice(run, pieces, self.stamp, self.crc, self.stamps)
+            self.length += length
+            return
+        combine = _isal.crc32_combine
+        crc, stamps, length, stamp = self.crc, self.stamps, self.length, self.stamp
         for block in run:
             n = block.length
             crc = combine(crc, block.crc, n)
