@@ -268,3 +268,49 @@ def test_stored_readings_counted_as_they_are_stored(scrapes):
             pods.setdefault(key, {})[container] = (start, cpu_s, 4096)
         s.store(batch(node, t, 1000.0 + t if with_node else None, pods), received=0.0)
         assert s.stats()[2] == _points_by_hand(s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("store"), st.integers(0, 3), st.floats(0.0, 100.0)),
+            st.tuples(st.just("forget"), st.integers(0, 3)),
+            st.tuples(st.just("expire")),
+            st.tuples(st.just("list"), st.floats(0.0, 200.0)),
+        ),
+        max_size=40,
+    )
+)
+def test_pod_blocks_lists_each_fresh_node_with_its_token_now(ops):
+    """``pod_blocks`` keeps its last list while nothing changed: whatever was stored, forgotten
+    or expired, and at whatever time it is asked (earlier than before too), it is exactly the
+    fresh nodes in store order, each with the token ``pod_block`` gives now."""
+    s = ResourceStore(15.0, max_age=30.0)
+    t = 1000.0
+    for op in ops:
+        if op[0] == "store":  # received at any time, older than the node's last too
+            s.store(batch(f"n{op[1]}", t, t / 10), received=op[2])
+            t += 15.0
+        elif op[0] == "forget":
+            s.forget_node(f"n{op[1]}")
+        elif op[0] == "expire":
+            s.expire(now=60.0)
+        now = op[1] if op[0] == "list" else 50.0
+        got = s.pod_blocks(now)
+        want = [(n, s.pod_block(n, now)) for n in s.node_names() if s.pod_block(n, now) is not None]
+        assert [n for n, _ in got] == [n for n, _ in want]
+        assert all(a is b for (_, a), (_, b) in zip(got, want, strict=True))  # the same token objects
+
+
+def test_pod_blocks_keeps_its_list_until_a_node_changes():
+    s = ResourceStore(15.0, max_age=30.0)
+    for n in ("a", "b"):
+        s.store(batch(n, 1000.0, 1.0), received=10.0)
+    first = s.pod_blocks(20.0)
+    assert s.pod_blocks(25.0) is first  # nothing changed, both still fresh
+    assert [n for n, _ in s.pod_blocks(41.0)] == []  # 31 s old: stale, and the list says so
+    s.store(batch("a", 1015.0, 2.0), received=25.0)
+    again = s.pod_blocks(30.0)
+    assert again is not first and [n for n, _ in again] == ["a", "b"]
+    assert again[0][1] is not first[0][1] and again[1][1] is first[1][1]  # a's token is new

@@ -273,6 +273,7 @@ class ResourceStore:
         self._pod_node: dict[PodKey, str] = {}
         self._moves = 0  # pods whose readings moved from one node's scrapes to another's, ever
         self._token_changes: ChangeLog[str] = ChangeLog(NODE_CHANGE_LOG)  # pod_block_changes()
+        self._fresh: tuple[int, float, list[tuple[str, object]]] | None = None  # pod_blocks()' last
         # --history: every stored scrape is also recorded there (kcms/store/history.py)
         self.history: HistoryStore | None = None
         self._paired = False  # some reading was stored with one before it (a rate could be taken)
@@ -290,6 +291,7 @@ class ResourceStore:
         entry = self._nodes.get(node)
         if entry is None:
             entry = self._nodes[node] = _NodeEntry(received)
+            self._fresh = None
         entry.received = received
 
         point = batch.node_point
@@ -416,6 +418,7 @@ class ResourceStore:
         entry = self._nodes.pop(node, None)
         if entry is None:
             return
+        self._fresh = None
         for key in _pod_keys(entry):
             if self._pod_node.get(key) == node:
                 del self._pod_node[key]
@@ -495,10 +498,17 @@ class ResourceStore:
 
         ``token`` is the same object until the node's pods or readings change (a new scrape of
         the node, or one of its pods moving to another node's scrape): a list renderer caches a
-        node's rendered pods (:meth:`node_pod_usages`) under it."""
+        node's rendered pods (:meth:`node_pod_usages`) under it. The same list while no token changed
+        and every node is still fresh (making it took 2.8-5.0 ms of a 5000-node list's first chunk):
+        callers must not change it."""
         now = time.monotonic() if now is None else now
-        max_age = self.max_age
-        return [(node, entry.usage) for node, entry in self._nodes.items() if now - entry.received <= max_age]
+        max_age, nodes, version, fresh = self.max_age, self._nodes, self._token_changes.version, self._fresh
+        if fresh is not None and fresh[0] == version and now - fresh[1] <= max_age:
+            return fresh[2]
+        listed = [(node, entry.usage) for node, entry in nodes.items() if now - entry.received <= max_age]
+        if nodes and len(listed) == len(nodes):  # the oldest still fresh: each is (tokens change with a write)
+            self._fresh = (version, min(entry.received for entry in nodes.values()), listed)
+        return listed
 
     def pod_block(self, node: str, now: float) -> object | None:
         """``node``'s token as :meth:`pod_blocks` gives it, or None when its readings are not fresh."""
