@@ -3,9 +3,10 @@
 # The default command runs standalone mode (collector + store + metrics.k8s.io server);
 # any other sub-command can be given as arguments, e.g. `docker run kcms:0.1.0 store`.
 
-# Build stage: turn the source tree into a wheel. gcc compiles KCMS's two C modules
+# Build stage: turn the source tree into a wheel. gcc compiles KCMS's three C modules
 # (kcms/sources/_bodyscan.c, the kubelet body reader; kcms/store/_columns.c, the store's column
-# comparison); all dependencies ship wheels.
+# comparison; kcms/apis/metrics/_gzsplice.c, the gzipped pod list's splice); all dependencies
+# ship wheels.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -101,6 +101,7 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
         "kcms/store/__pycache__/x.pyc",
         "kcms/sources/_bodyscan.cpython-311-x86_64-linux-gnu.so",
         "kcms/store/_columns.cpython-311-x86_64-linux-gnu.so",
+        "kcms/apis/metrics/_gzsplice.cpython-311-x86_64-linux-gnu.so",
     ):
         assert _ignored(heavy, patterns), f"{heavy} should not be sent to the build"
 

@@ -400,6 +400,7 @@ class ResourceStore:
         gives it a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
         entry.usage = {}
         self._token_changes.add(node)
+        self._fresh = None  # not kept: it would hold the old tokens' usages alive until the next list
 
     @staticmethod
     def _checked(
