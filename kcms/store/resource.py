@@ -273,7 +273,7 @@ class ResourceStore:
         self._pod_node: dict[PodKey, str] = {}
         self._moves = 0  # pods whose readings moved from one node's scrapes to another's, ever
         self._token_changes: ChangeLog[str] = ChangeLog(NODE_CHANGE_LOG)  # pod_block_changes()
-        self._fresh: tuple[int, float, list[tuple[str, object]]] | None = None  # pod_blocks()' last
+        self._fresh: tuple[float, list[tuple[str, object]]] | None = None  # pod_blocks()' last, oldest
         # --history: every stored scrape is also recorded there (kcms/store/history.py)
         self.history: HistoryStore | None = None
         self._paired = False  # some reading was stored with one before it (a rate could be taken)
@@ -291,7 +291,6 @@ class ResourceStore:
         entry = self._nodes.get(node)
         if entry is None:
             entry = self._nodes[node] = _NodeEntry(received)
-            self._fresh = None
         entry.received = received
 
         point = batch.node_point
@@ -503,12 +502,12 @@ class ResourceStore:
         and every node is still fresh (making it took 2.8-5.0 ms of a 5000-node list's first chunk):
         callers must not change it."""
         now = time.monotonic() if now is None else now
-        max_age, nodes, version, fresh = self.max_age, self._nodes, self._token_changes.version, self._fresh
-        if fresh is not None and fresh[0] == version and now - fresh[1] <= max_age:
-            return fresh[2]
+        max_age, nodes, fresh = self.max_age, self._nodes, self._fresh
+        if fresh is not None and now - fresh[0] <= max_age:  # every write drops it (_new_token)
+            return fresh[1]
         listed = [(node, entry.usage) for node, entry in nodes.items() if now - entry.received <= max_age]
-        if nodes and len(listed) == len(nodes):  # the oldest still fresh: each is (tokens change with a write)
-            self._fresh = (version, min(entry.received for entry in nodes.values()), listed)
+        if nodes and len(listed) == len(nodes):  # the oldest still fresh: each is
+            self._fresh = (min(entry.received for entry in nodes.values()), listed)
         return listed
 
     def pod_block(self, node: str, now: float) -> object | None:

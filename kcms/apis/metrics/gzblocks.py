@@ -265,7 +265,7 @@ class GzipList:
         if self._compressor is not None:
             pieces.append(self._flush())
         if _splice is not None:
-            # in C (_gzsplice.c), each block's combine a product by its shift: at 5000 nodes,
+            # in C (_gzsplice.c), each block's combine is one product by its shift: at 5000 nodes,
             # NodeBlocks.items of a gzipped list 21.2 -> 12.6 ms (medians of 21, alternated)
             self.crc, self.stamps, length = _splice(run, pieces, self.stamp, self.crc, self.stamps)
             self.length += length
