@@ -64,7 +64,7 @@ class ContainerColumns(NamedTuple):
     times: list[float]
     cpu_ns: list[int]
     memory: list[Any]  # int bytes
-    readings: list[ResourcePoint]  # the batch's points pod by pod, container by container
+    readings: tuple[ResourcePoint, ...]  # the batch's points pod by pod, container by container
     places: PodPlaces  # where each pod's are in ``readings``
 
     def pods(self) -> dict[PodKey, dict[str, ResourcePoint]]:

@@ -42,7 +42,7 @@ object at all (:func:`pod_rates`, :meth:`ResourceStore.node_pod_rates`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import eq
@@ -151,11 +151,11 @@ class _NodeEntry:
     moves: int = 0  # the store's count of pods moved between nodes when these pods were claimed
     # the readings before ``columns.readings``, in the same order (pod by pod, container by
     # container; only the points: the previous batch's dicts would keep its name strings alive)
-    before: list[ResourcePoint] | None = None
+    before: Sequence[ResourcePoint] | None = None
 
 
 def _placed(
-    names: tuple[str, ...], at: int, last: list[ResourcePoint], before: list[ResourcePoint]
+    names: tuple[str, ...], at: int, last: Sequence[ResourcePoint], before: Sequence[ResourcePoint]
 ) -> Iterable[tuple[str, _Pair]]:
     """A pod's ``(container, (last reading, reading before))`` from where its readings lie in both
     scrapes' lists (:class:`kcms.model.PodPlaces`)."""
