@@ -165,3 +165,39 @@ class TurnBudget:
 # Queued steps a turn of the loop releases: about what one turn's budget holds (a 30-pod body
 # decodes and stores in ~0.6 ms here); a released step that finds the budget spent queues again.
 RELEASED_A_TURN = 8
+
+
+class LoopShare:
+    """How much of the event loop's recent time one kind of work has held it in long stretches,
+    as a level that decays with time constant ``window`` seconds (work holding a fraction f of
+    the loop levels off at f * window). :meth:`allows` says whether a stretch that has run
+    ``held`` seconds may go on: while the level, the stretch included, stays within ``share`` of
+    the window. :meth:`add` records a stretch when it ends. ``clock`` is the clock the callers'
+    ``now`` comes from; it is only read by :meth:`level`."""
+
+    __slots__ = ("_at", "_level", "clock", "share", "window")
+
+    def __init__(self, share: float, window: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        if not (0.0 <= share <= 1.0 and window > 0.0):
+            raise ValueError("LoopShare: share in [0, 1] and a window above 0")
+        self.share = share
+        self.window = window
+        self.clock = clock
+        self._level = 0.0
+        self._at = 0.0
+
+    def _decayed(self, now: float) -> float:
+        if self._level == 0.0:
+            return 0.0
+        return self._level * math.exp(-max(0.0, now - self._at) / self.window)
+
+    def allows(self, held: float, now: float) -> bool:
+        return self._decayed(now) + held <= self.share * self.window
+
+    def add(self, held: float, now: float) -> None:
+        self._level = self._decayed(now) + held
+        self._at = max(self._at, now)
+
+    def level(self) -> float:
+        """Seconds held, decayed to now."""
+        return self._decayed(self.clock())
