@@ -22,7 +22,9 @@ __all__ = [
     "WELL_KNOWN",
     "guess_info",
     "nodes_in_scope",
+    "pod_scope",
     "pods_in_scope",
+    "scoped_pods",
     "ObjectLabels",
     "ObjectLookupError",
     "ResourceInfo",
@@ -282,15 +284,26 @@ def nodes_in_scope(inventory: Inventory, fields: FieldSelector) -> tuple[str | N
     return name, [one] if one is not None else []
 
 
+def pod_scope(path_namespace: str | None, fields: FieldSelector) -> tuple[str | None, str | None]:
+    """The namespace a list of pods is about (its path's, or ``metadata.namespace=``; None: all
+    namespaces) and the pod's name when ``metadata.name=`` gives one."""
+    return path_namespace or fields.required_value("metadata.namespace"), fields.required_value("metadata.name")
+
+
+def scoped_pods(inventory: Inventory, namespace: str | None, name: str | None) -> Iterable[PodInfo]:
+    """The pods of :func:`pod_scope`'s scope: with a namespace and a name, that one pod (a point
+    lookup); else the namespace's, or every pod (a snapshot of 150 000 at 5000 nodes: make it only
+    when it is read)."""
+    if namespace is not None and name is not None:
+        one = inventory.pod(namespace, name)
+        return [one] if one is not None else []
+    return inventory.pods(namespace)
+
+
 def pods_in_scope(
     inventory: Inventory, path_namespace: str | None, fields: FieldSelector
 ) -> tuple[str | None, str | None, Iterable[PodInfo]]:
-    """The pods a list request is about: its path's namespace (or ``metadata.namespace=``; None: all
-    namespaces), and with ``metadata.name=`` too, that one pod (a point lookup). Returns (namespace,
-    name, the pods)."""
-    namespace = path_namespace or fields.required_value("metadata.namespace")
-    name = fields.required_value("metadata.name")
-    if namespace is not None and name is not None:
-        one = inventory.pod(namespace, name)
-        return namespace, name, [one] if one is not None else []
-    return namespace, name, inventory.pods(namespace)
+    """The pods a list request is about (:func:`pod_scope`, :func:`scoped_pods`). Returns
+    (namespace, name, the pods)."""
+    namespace, name = pod_scope(path_namespace, fields)
+    return namespace, name, scoped_pods(inventory, namespace, name)
