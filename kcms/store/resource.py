@@ -273,7 +273,7 @@ class ResourceStore:
         self._pod_node: dict[PodKey, str] = {}
         self._moves = 0  # pods whose readings moved from one node's scrapes to another's, ever
         self._token_changes: ChangeLog[str] = ChangeLog(NODE_CHANGE_LOG)  # pod_block_changes()
-        self._fresh: tuple[float, list[tuple[str, object]]] | None = None  # pod_blocks()' last, oldest
+        self._fresh: tuple[float, list[tuple[str, object]]] | None = None  # pod_blocks(): (oldest, list)
         # --history: every stored scrape is also recorded there (kcms/store/history.py)
         self.history: HistoryStore | None = None
         self._paired = False  # some reading was stored with one before it (a rate could be taken)
