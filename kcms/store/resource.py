@@ -523,7 +523,7 @@ class ResourceStore:
         the event loop during scrape cycles."""
         return self._token_changes.since(since)
 
-    def node_owns(self, node: str, keys: list[PodKey]) -> bool:
+    def node_owns(self, node: str, keys: Sequence[PodKey]) -> bool:
         """Whether every pod of ``keys`` has its readings from ``node``'s scrapes (a C-level pass:
         2.6 us for 30 pods in a store of 150 000)."""
         return all(map(eq, repeat(node), map(self._pod_node.get, keys)))

@@ -10,7 +10,10 @@
      run     CompressedBlock tuples: (lead, rest, crc, stamps, length, shift), in order;
      pieces  the list's pieces: each block's lead, then stamp, then its rest are appended;
      crc, stamps  the list's CRC-32 and stamp positions so far, as gzblocks keeps them;
-     returns both with every block of the run combined in, and the run's length in bytes. */
+     returns both with every block of the run combined in, and the run's length in bytes.
+
+   acyclic(obj) -> obj
+     obj, no longer tracked by the cyclic garbage collector (blocks.py's node blocks). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -98,14 +101,32 @@ splice(PyObject *self, PyObject *args)
     return Py_BuildValue("(kkn)", (unsigned long)crc, (unsigned long)stamps, length);
 }
 
+PyDoc_STRVAR(acyclic_doc,
+             "acyclic(obj) -> obj\n"
+             "\n``obj``, no longer tracked by the cyclic garbage collector. Only for an object that no reference\n"
+             "cycle can pass through (nothing it refers to refers back to it), as a msgspec Struct with\n"
+             "gc=False: the collector would find nothing to free there, and need not walk it.");
+
+/* A node block and its two tuples live for a resolution, and rendering ahead makes thousands
+   during a cycle: until the cycle's heap freeze, every young collection walked each block's ~60
+   references (see blocks.py, _NodeBlock). */
+static PyObject *
+acyclic(PyObject *self, PyObject *obj)
+{
+    if (PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    return Py_NewRef(obj);
+}
+
 static PyMethodDef methods[] = {
     {"splice", splice, METH_VARARGS, splice_doc},
+    {"acyclic", acyclic, METH_O, acyclic_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kcms.apis.metrics._gzsplice",
-    "A run of compressed node blocks spliced into a gzipped list (see _gzsplice.c).", -1, methods,
+    "A run of compressed node blocks spliced into a gzipped list; node blocks off the cyclic collector (see _gzsplice.c).", -1, methods,
 };
 
 PyMODINIT_FUNC

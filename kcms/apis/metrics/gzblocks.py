@@ -34,18 +34,26 @@ combining it is one product modulo the polynomial, not ``crc32_combine``'s power
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from prometheus_client import Counter
+
+_T = TypeVar("_T")
 
 try:
     from isal import isal_zlib as _isal
 except ImportError:  # pragma: no cover - platforms without isal wheels compress per request
     _isal = None
 try:
+    from kcms.apis.metrics._gzsplice import acyclic
     from kcms.apis.metrics._gzsplice import splice as _splice
 except ImportError:  # no C compiler at install: GzipList.blocks combines in Python
     _splice = None
+
+    def acyclic(obj: _T) -> _T:
+        """``obj``: without ``_gzsplice``, node blocks stay tracked by the cyclic collector."""
+        return obj
+
 
 AVAILABLE = _isal is not None
 STAMP_LENGTH = 22  # len(orjson.dumps("2026-11-28T08:30:00Z"))
