@@ -44,6 +44,18 @@ def test_series_object_quick_run_prints_every_operation_and_ratio() -> None:
         assert any(ln.strip().startswith(op + " ") for ln in lines if ln.startswith("  ")), op
 
 
+def test_gc_blocks_prints_both_modes_and_their_ratio() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gc_blocks.py"), "--nodes", "200", "--repeat", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    for mode in ("tracked", "untracked"):
+        assert any(ln.split()[:2] == [mode, "gen"] and "gen 1 over 400" in ln for ln in lines), (mode, lines)
+    assert any(ln.strip().startswith("tracked / untracked: gen 0") for ln in lines), lines
+
+
 def _resource_pipeline(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(REPO / "bench" / "resource_pipeline.py"), "--pods-per-node", "4",
