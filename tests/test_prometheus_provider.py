@@ -502,3 +502,46 @@ async def test_a_slow_first_relist_does_not_hold_start_up(hostile, caplog):
         await provider.stop()
         await client.close()
     assert "Traceback" not in caplog.text
+
+
+async def test_resource_feed_waits_for_the_pods_to_be_listed_before_its_first_cycle(fake_kube, hostile):
+    """Start-up starts the feed once the nodes are listed; the queries name the inventory's pods, so
+    a first cycle before the pods are listed would leave every pod unserved for a whole period."""
+    from _bridge_helpers import ADAPTER_CONFIG
+    from _kube_helpers import eventually
+    from fakeapi import make_node, make_pod
+
+    from kcms.apis.prometheus.config import load_adapter_config
+    from kcms.apis.prometheus.resource_source import PrometheusResources
+    from kcms.kube import KubeClient, KubeInventory
+    from kcms.sources.prometheus_api import PrometheusClient
+    from kcms.store.resource import ResourceStore
+
+    fake_kube.upsert(make_node("node-1"))
+    fake_kube.upsert(make_pod("default", "p-0", "node-1"))
+    labels = {"namespace": "default", "pod": "p-0", "container": "app", "node": "node-1"}
+    hostile.rows = [{"metric": labels, "value": [time.time(), "2"]}]
+    rules = load_adapter_config(ADAPTER_CONFIG).resource_rules
+    assert rules is not None
+    gate = fake_kube.list_gates["pods"] = asyncio.Event()  # the pods' LIST is slow
+    kube = await KubeClient.load(str(fake_kube.kubeconfig))
+    inventory = KubeInventory(kube)
+    store = ResourceStore(60.0)
+    client = PrometheusClient(hostile.url, timeout=2.0)
+    feed = PrometheusResources(client, rules, store, inventory, interval=60.0)  # one cycle in this test
+    try:
+        await inventory.start(wait_for_pods=False)  # as start-up does
+        assert inventory.nodes_synced() and not inventory.has_synced()
+        feed.start()
+        await asyncio.sleep(0.5)
+        assert store.node_usage("node-1") is None and not store.ready()  # no cycle on half an inventory
+        assert feed.missing_check() == (True, "resourceRules not queried yet")
+        gate.set()
+        await eventually(lambda: store.pod_usage("default", "p-0") is not None)  # the first cycle has it
+        assert store.node_usage("node-1") is not None
+    finally:
+        gate.set()
+        await feed.stop()
+        await client.close()
+        await inventory.stop()
+        await kube.close()

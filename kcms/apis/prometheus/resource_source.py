@@ -7,7 +7,8 @@ For clusters that already scrape cAdvisor into Prometheus: instead of scraping t
 metrics.k8s.io serving code (lists, selectors, tables, readiness) is reused unchanged.
 
 The rules' templates need object names (as in prometheus-adapter, which queries per request): the
-pods and nodes come from the inventory, queried per namespace in chunks of :data:`NAMES_PER_QUERY`.
+pods and nodes come from the inventory, queried per namespace in chunks of :data:`NAMES_PER_QUERY`;
+the first cycle waits until the inventory has listed both (serving starts once the nodes are).
 The queries already give a CPU *rate* (cores, over the rule's ``window``), while the store keeps
 cumulative counters and serves the rate between a container's last two readings. Each cycle
 therefore writes two readings per container and node: ``0`` core-seconds at ``t - window`` and
@@ -46,6 +47,7 @@ __all__ = ["PODS_NODE", "PrometheusResources"]
 NAMES_PER_QUERY = 500  # pod or node names in one query's matcher (POST lifts URL limits; this bounds it)
 MAX_CONCURRENT_QUERIES = 4
 PODS_NODE = "prometheus/pods"  # the pseudo-node pods are stored under ("/" is never in a node name)
+SYNC_POLL = 0.1  # seconds between looks at the inventory before the first cycle
 FAILURES = Counter(
     "kcms_prometheus_resource_query_failures",
     "resourceRules queries (containerQuery, nodeQuery) that failed, by reason; the previous readings stay "
@@ -93,6 +95,10 @@ class PrometheusResources:
         self._task = None
 
     async def _run(self) -> None:
+        # The queries name the inventory's pods, and start-up starts this feed once the *nodes* are
+        # listed: a cycle before the pods are would serve nodes only, and no pod for a whole period.
+        while not self.inventory.has_synced():  # noqa: ASYNC110 (the Inventory protocol has no event)
+            await asyncio.sleep(SYNC_POLL)
         while True:
             started = time.monotonic()
             try:
