@@ -170,8 +170,9 @@ async def test_a_node_with_no_pod_served_yet_is_rendered_by_the_list():
 
 
 async def test_rendering_ahead_takes_smaller_steps_while_a_long_response_streams(monkeypatch):
-    """A step renders about SLICE pods, PRERENDER_STREAMING_SLICE while a long response streams:
-    the list's next chunk waits behind less."""
+    """A step renders nodes for PRERENDER_TURN_SECONDS, PRERENDER_STREAMING_TURN_SECONDS while a
+    long response streams (the list's next chunk waits behind less), by the clock, not by pods:
+    a node costs several times as much in a busy process as in a loop."""
     nodes = [f"s{i}" for i in range(40)]
     keys = {node: [("s", f"{node}-p{j}") for j in range(30)] for node in nodes}
     inv = MutableInventory()
@@ -194,17 +195,28 @@ async def test_rendering_ahead_takes_smaller_steps_while_a_long_response_streams
         await listed(renderer, store)
         await asyncio.sleep(pause)
     renderer._prerender_handle.cancel()  # noqa: SLF001 - steps are run by hand below
+    tick = 2.0**-13  # the step's clock moves this much at each look (a power of two: exact sums)
+    clock = [0.0]
+
+    def ticking() -> float:
+        clock[0] += tick
+        return clock[0]
+
+    monkeypatch.setattr(blocks, "perf_counter", ticking)
     steps = {}
     for streams, t in ((0, START + 30), (1, START + 45)):
         monkeypatch.setattr(STREAMS, "count", streams)
         scrape_every_node(t)
         ahead = rendered("ahead")
+        clock[0] = 0.0
         renderer._prerender_step()  # noqa: SLF001
         renderer._prerender_handle.cancel()  # noqa: SLF001
         steps[streams] = rendered("ahead") - ahead
         renderer._pending.clear()  # noqa: SLF001 - the next round starts from its own scrapes
-    # nodes of 30 pods: a step ends once its budget (31 a node) is spent
-    assert steps == {0: -(-render.SLICE // 31), 1: -(-blocks.PRERENDER_STREAMING_SLICE // 31)}
+    # a look at the clock before each node: as many nodes as whole ticks fit in the step's time
+    within = {0: blocks.PRERENDER_TURN_SECONDS, 1: blocks.PRERENDER_STREAMING_TURN_SECONDS}
+    assert steps == {s: int(within[s] / tick) for s in steps}, steps
+    assert 0 < steps[1] < steps[0] < len(nodes)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
