@@ -438,8 +438,8 @@ class NodeBlocks:
 
     def _prerender_step(self) -> None:
         """Render stale blocks for about :data:`PRERENDER_TURN_SECONDS`, of the nodes changed since
-        the last step; come back at once while there are more, after :data:`PRERENDER_PERIOD` when none
-        are left, and twice as late each time a step found none changed (up to
+        the last step; come back at once while there are more, after :data:`PRERENDER_PERIOD` when
+        none are left, and twice as late each time a step found none changed (up to
         :data:`PRERENDER_IDLE_PERIOD`: between scrape cycles)."""
         self._prerender_handle = None
         store = self._prerender_store
@@ -457,7 +457,8 @@ class NodeBlocks:
         blocks = self._blocks
         token_of = store.pod_block
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
-        end = perf_counter() + (PRERENDER_STREAMING_TURN_SECONDS if STREAMS.count else PRERENDER_TURN_SECONDS)
+        step = PRERENDER_STREAMING_TURN_SECONDS if STREAMS.count else PRERENDER_TURN_SECONDS
+        end = perf_counter() + step
         period = PRERENDER_PERIOD if pending else min(2 * self._prerender_period, PRERENDER_IDLE_PERIOD)
         self._prerender_period = period
         while pending and perf_counter() < end:
