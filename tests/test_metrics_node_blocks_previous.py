@@ -130,6 +130,31 @@ async def test_a_block_does_not_stand_in_once_one_of_its_pods_moved_changed_or_l
     assert rendered("on_list") - on_list >= 1
 
 
+def test_a_nodes_claims_change_when_a_pod_leaves_its_readings_or_it_is_stored_anew():
+    """ResourceStore.node_claims, which the stand-in check compares instead of looking up each of a
+    block's pods: the same while the node keeps or gains pods, new when one moves to another node's
+    scrape or drops out of its own, and new for a node forgotten and stored again."""
+    store = ResourceStore(15.0, max_age=3600.0)
+    assert store.node_claims("n0") is None
+    store.store(scrape("n0", {0, 1}, 1, START))
+    store.store(scrape("n1", {3}, 1, START))
+    seen = [store.node_claims("n0"), store.node_claims("n1")]
+    assert None not in seen and seen[0] != seen[1]
+    store.store(scrape("n0", {0, 1, 2}, 1, START + 15))  # a new scrape with a pod more
+    store.store(scrape("n1", {3, 4}, 1, START + 15))
+    assert [store.node_claims("n0"), store.node_claims("n1")] == seen
+    store.store(scrape("n1", {3, 4, 2}, 1, START + 16))  # PODS[2] moved to n1's scrape
+    assert store.node_claims("n0") not in seen and store.node_claims("n1") == seen[1]
+    seen.append(store.node_claims("n0"))
+    store.store(scrape("n0", {0}, 1, START + 30))  # PODS[1] left n0's scrape
+    assert store.node_claims("n0") not in seen
+    seen.append(store.node_claims("n0"))
+    store.forget_node("n0")
+    assert store.node_claims("n0") is None
+    store.store(scrape("n0", {0}, 1, START + 45))
+    assert store.node_claims("n0") not in seen
+
+
 async def test_a_block_rendered_more_than_two_resolutions_ago_does_not_stand_in():
     inv, store, renderer = cluster(0.5)  # "a resolution" of 0.5 s
     assert blocks.STAND_IN_FOR == 2

@@ -41,11 +41,10 @@ object at all (:func:`pod_rates`, :meth:`ResourceStore.node_pod_rates`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import eq
 from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import Counter, Gauge
@@ -59,9 +58,7 @@ from kcms.store.usage import PodUsage, Usage
 if TYPE_CHECKING:
     from kcms.store.history import HistoryStore
 
-STORED = Gauge(
-    "kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"]
-)
+STORED = Gauge("kcms_store_objects", "What the resource store holds, by kind (nodes, pods, points).", ["kind"])
 ABSURD_RATE = "absurd_rate"
 COUNTER_BACKWARDS = "counter_backwards"
 REFUSED = Counter(
@@ -77,7 +74,6 @@ for _reason in (*REASONS, ABSURD_RATE, COUNTER_BACKWARDS):
 FRESH_CONTAINER_MIN_AGE = 10.0
 # Node writes the log of pod_block_changes keeps at least: a reader further behind checks every node.
 NODE_CHANGE_LOG = 16384
-
 
 _MISSING = object()
 
@@ -149,6 +145,7 @@ class _NodeEntry:
     columns: ContainerColumns | None = None  # the newest scrape's, when every container came from them
     layout: object = None  # the same object while the node's series stay the same (for the history)
     moves: int = 0  # the store's count of pods moved between nodes when these pods were claimed
+    claims: int = 0  # a new number (ResourceStore.node_claims) each time a pod left these readings
     # the readings before ``columns.readings``, in the same order (pod by pod, container by
     # container; only the points: the previous batch's dicts would keep its name strings alive)
     before: Sequence[ResourcePoint] | None = None
@@ -272,6 +269,7 @@ class ResourceStore:
         self._nodes: dict[str, _NodeEntry] = {}
         self._pod_node: dict[PodKey, str] = {}
         self._moves = 0  # pods whose readings moved from one node's scrapes to another's, ever
+        self._claims = itertools.count(1)  # node_claims()
         self._token_changes: ChangeLog[str] = ChangeLog(NODE_CHANGE_LOG)  # pod_block_changes()
         self._fresh: tuple[float, list[tuple[str, object]]] | None = None  # pod_blocks(): (oldest, list)
         # --history: every stored scrape is also recorded there (kcms/store/history.py)
@@ -282,15 +280,15 @@ class ResourceStore:
     # -- writing ----------------------------------------------------------------------------
 
     def store(self, batch: NodeBatch, received: float | None = None) -> None:
-        """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the
-        bounds are dropped from ``batch`` (see the module docstring) and counted. A batch with
-        columns may be kept as it is (its ``pods`` dicts): the caller must not change it after."""
+        """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the bounds
+        are dropped from ``batch`` (see the module docstring) and counted. A batch with columns may be
+        kept as it is (its ``pods`` dicts): the caller must not change it after."""
         received = time.monotonic() if received is None else received
         counts = screen_batch(batch)
         node = batch.node
         entry = self._nodes.get(node)
         if entry is None:
-            entry = self._nodes[node] = _NodeEntry(received)
+            entry = self._nodes[node] = _NodeEntry(received, claims=next(self._claims))
         entry.received = received
 
         point = batch.node_point
@@ -310,8 +308,8 @@ class ResourceStore:
             REFUSED.labels(reason).inc(n)
 
     def _store_pods(self, entry: _NodeEntry, batch: NodeBatch, counts: dict[str, int]) -> None:
-        """:meth:`store`'s pods, container by container (any batch :meth:`_store_columns` does not
-        take); counts refusals into ``counts``."""
+        """:meth:`store`'s pods, container by container (any batch :meth:`_store_columns` does not take);
+        counts refusals into ``counts``."""
         node = batch.node
         resolution = self.resolution
         old_pods = _pairs(entry)
@@ -348,6 +346,7 @@ class ResourceStore:
         for key in old_pods.keys() - new_pods.keys():
             if pod_node.get(key) == node:
                 del pod_node[key]
+                entry.claims = next(self._claims)  # a new number per pod dropped: any new one will do
         entry.pods = new_pods
         self._new_token(node, entry)
         entry.points = 2 * containers_in - no_previous + (entry.last is not None) + (entry.prev is not None)
@@ -356,6 +355,7 @@ class ResourceStore:
             other_entry = self._nodes.get(other)
             if other_entry is not None:
                 self._new_token(other, other_entry)
+                other_entry.claims = next(self._claims)
         self._moves += len(moved_from)
         entry.moves = self._moves
         entry.columns = batch.columns  # None unless every container of the batch came from them
@@ -364,12 +364,12 @@ class ResourceStore:
             self.history.record(node, entry.last, entry.prev, new_pods, entry.layout)
 
     def _store_columns(self, entry: _NodeEntry, batch: NodeBatch, columns: ContainerColumns) -> bool:
-        """Store ``batch`` a column at a time when it holds the same series as the node's last
-        scrape, each newer, of the same start, its counter not lower and its rate within
-        MAX_NANOCORES: then every container's pair is (new reading, last one), as :meth:`store`
-        would pair them one by one, and a pod's pairs are made when it is read (:func:`_pod_readings`).
-        False (nothing changed) otherwise. A node of 60 containers, in process, with the history:
-        159 -> 50 us (23 without the history, against 82 for the loop)."""
+        """Store ``batch`` a column at a time when it holds the same series as the node's last scrape,
+        each newer, of the same start, its counter not lower and its rate within MAX_NANOCORES: then
+        every container's pair is (new reading, last one), as :meth:`store` would pair them one by one,
+        and a pod's pairs are made when it is read (:func:`_pod_readings`). False (nothing changed)
+        otherwise. A node of 60 containers, in process, with the history: 159 -> 50 us (23 without the
+        history, against 82 for the loop)."""
         old = entry.columns
         assert old is not None
         if (
@@ -395,8 +395,8 @@ class ResourceStore:
         return True
 
     def _new_token(self, node: str, entry: _NodeEntry) -> None:
-        """``node``'s pods or readings changed: drop the usages computed from the old ones, which
-        gives it a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
+        """``node``'s pods or readings changed: drop the usages computed from the old ones, which gives it
+        a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
         entry.usage = {}
         self._token_changes.add(node)
         self._fresh = None  # not kept: it would hold the old tokens' usages alive until the next list
@@ -432,9 +432,9 @@ class ResourceStore:
         return stale
 
     def export_nodes(self, select: Callable[[str], bool] | None = None) -> list[tuple[NodeBatch, NodeBatch]]:
-        """Every node's readings as ``(previous, last)`` batches, for copying to another replica
-        (refill, read repair); ``select(node)`` picks nodes. Containers with no previous reading are
-        only in ``last``."""
+        """Every node's readings as ``(previous, last)`` batches, for copying to another replica (refill,
+        read repair); ``select(node)`` picks nodes. Containers with no previous reading are only in
+        ``last``."""
         out = []
         for node, entry in self._nodes.items():
             if select is not None and not select(node):
@@ -494,13 +494,12 @@ class ResourceStore:
         return usage  # type: ignore[return-value]
 
     def pod_blocks(self, now: float | None = None) -> list[tuple[str, object]]:
-        """``(node, token)`` for every node whose readings are fresh, in store order.
-
-        ``token`` is the same object until the node's pods or readings change (a new scrape of
-        the node, or one of its pods moving to another node's scrape): a list renderer caches a
-        node's rendered pods (:meth:`node_pod_usages`) under it. The same list while no token changed
-        and every node is still fresh (making it took 2.8-5.0 ms of a 5000-node list's first chunk):
-        callers must not change it."""
+        """``(node, token)`` for every node whose readings are fresh, in store order. ``token`` is the
+        same object until the node's pods or readings change (a new scrape of the node, or one of its
+        pods moving to another node's scrape): a list renderer caches a node's rendered pods
+        (:meth:`node_pod_usages`) under it. The same list while no token changed and every node is
+        still fresh (making it took 2.8-5.0 ms of a 5000-node list's first chunk): callers must not
+        change it."""
         now = time.monotonic() if now is None else now
         max_age, nodes, fresh = self.max_age, self._nodes, self._fresh
         if fresh is not None and now - fresh[0] <= max_age:  # every write drops it (_new_token)
@@ -516,17 +515,19 @@ class ResourceStore:
         return None if entry is None or now - entry.received > self.max_age else entry.usage
 
     def pod_block_changes(self, since: int) -> tuple[int, list[str] | None]:
-        """``(version, nodes whose token changed after version ``since``)``, oldest first, a node
-        possibly more than once; None instead of the nodes when that is no longer known (then any
-        may have). A cache of rendered nodes checks these alone rather than every node: at 5000
-        nodes, going through :meth:`pod_blocks` for each slice of rendering ahead took a quarter of
-        the event loop during scrape cycles."""
+        """``(version, nodes whose token changed after version ``since``)``, oldest first, a node possibly
+        more than once; None instead of the nodes when that is no longer known (then any may have). A
+        cache of rendered nodes checks these alone rather than every node: at 5000 nodes, going through
+        :meth:`pod_blocks` for each slice of rendering ahead took a quarter of the event loop during
+        scrape cycles."""
         return self._token_changes.since(since)
 
-    def node_owns(self, node: str, keys: Sequence[PodKey]) -> bool:
-        """Whether every pod of ``keys`` has its readings from ``node``'s scrapes (a C-level pass:
-        2.6 us for 30 pods in a store of 150 000)."""
-        return all(map(eq, repeat(node), map(self._pod_node.get, keys)))
+    def node_claims(self, node: str) -> int | None:
+        """A number that changes when a pod's readings stop being ``node``'s (another node's scrape
+        has it, or its own no longer does) or the node is stored anew (None: not held); while it
+        stays, every pod :meth:`node_pod_rates` gave for ``node`` is still its own (see blocks.py)."""
+        entry = self._nodes.get(node)
+        return None if entry is None else entry.claims
 
     def node_pod_rates(
         self,
@@ -567,12 +568,12 @@ class ResourceStore:
         return self._pod_node.get((namespace, name), "")
 
     def ready(self) -> bool:
-        """True once a node or pod could be served, and from then on (as metrics-server's storage,
-        ready once it holds a previous batch; nodes that stop answering show in /readyz's
-        nodes-scraped detail instead). Every /readyz probe asks, and anyone may send one: until a
-        reading has been stored with one before it this looks at nothing (it computed every pod's
-        usage: 126-259 ms of event loop a probe at 150 000 pods before the second scrape), then node by
-        node until one can be served."""
+        """True once a node or pod could be served, and from then on (as metrics-server's storage, ready
+        once it holds a previous batch; nodes that stop answering show in /readyz's nodes-scraped
+        detail instead). Every /readyz probe asks, and anyone may send one: until a reading has been
+        stored with one before it this looks at nothing (it computed every pod's usage: 126-259 ms of
+        event loop a probe at 150 000 pods before the second scrape), then node by node until one can
+        be served."""
         if self._ready or not self._paired:
             return self._ready
         now = time.monotonic()

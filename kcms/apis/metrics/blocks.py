@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from itertools import starmap
 from time import perf_counter
 from typing import Protocol
@@ -140,7 +140,7 @@ class PodBlocks(Protocol):
 
     def pod_node(self, namespace: str, name: str) -> str: ...
 
-    def node_owns(self, node: str, keys: Sequence[PodKey]) -> bool: ...
+    def node_claims(self, node: str) -> int | None: ...
 
     def node_pod_rates(
         self,
@@ -163,12 +163,18 @@ class _NodeBlock:
     until the cycle's heap freeze (at 150 000 pods, four lists a node cost a full render's first
     pass 24 ms; during a 5000-node cycle, gen-1 passes inside a list walked ~2800 blocks)."""
 
-    __slots__ = ("gz", "infos", "keys", "rendered", "text", "token")
+    __slots__ = ("claims", "gz", "infos", "keys", "rendered", "text", "token")
 
     def __init__(
-        self, token: object, keys: tuple[PodKey, ...], infos: tuple[PodInfo | None, ...], text: bytes
+        self,
+        token: object,
+        keys: tuple[PodKey, ...],
+        infos: tuple[PodInfo | None, ...],
+        text: bytes,
+        claims: int | None = None,
     ) -> None:
         self.token = token
+        self.claims = claims  # the store's node_claims() as ``keys`` were read: None never stands in
         self.keys = gzblocks.acyclic(keys)
         self.infos = gzblocks.acyclic(infos)
         self.text = text
@@ -248,13 +254,14 @@ class NodeBlocks:
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
         # While rendering ahead (lists come at least once a resolution), a block that a newer
         # scrape of its node superseded stands in for it if it was rendered within STAND_IN_FOR,
-        # the inventory still holds its pods as they were, and the store still has each from this
-        # node (not from another's scrape: it would be listed twice); the node is left to rendering
-        # ahead, which replaces the block soon. So a list during a cycle renders little, and serves
+        # the inventory still holds its pods as they were (the change log said so above, as for a
+        # current block), and the store still has each from this node (not from another's scrape:
+        # it would be listed twice; the node's claims number is unchanged); the node is left to
+        # rendering ahead, which replaces the block soon. So a list during a cycle renders little, and serves
         # some nodes as of their previous scrape (each item's timestamp says so), as metrics-server
         # serves a whole cycle older until its cycle ends.
         stand_in = self._prerender_handle is not None and started <= self._prerender_until
-        owns = store.node_owns
+        claims = store.node_claims
         rendered_since = started - STAND_IN_FOR * self.prerender_within
         pending = self._pending
         to_compress = self._to_compress
@@ -297,8 +304,8 @@ class NodeBlocks:
                     stand_in
                     and block.text  # a node with no pod served yet (a first scrape) is rendered now
                     and block.rendered >= rendered_since
-                    and owns(node, block.keys)
-                    and block.unchanged_in(lookup)
+                    and block.claims == claims(node)
+                    and (not check_all or block.unchanged_in(lookup))
                 ):
                     work += 1
                     pending[node] = None
@@ -491,6 +498,7 @@ class NodeBlocks:
         parts: list[bytes] = []
         pending = b""  # the previous item's body, joined with the next item's head
         # The pods whose readings are this node's (not those that moved to another node's scrape).
+        claims = store.node_claims(node)
         for key, usage in store.node_pod_rates(node, text.container, text.pod):
             pod = lookup(*key)
             keys.append(key)
@@ -502,4 +510,4 @@ class NodeBlocks:
             pending = entry[2] + usage
         if parts:
             parts.append(pending)
-        return _NodeBlock(token, tuple(keys), tuple(infos), b"\0".join(parts))
+        return _NodeBlock(token, tuple(keys), tuple(infos), b"\0".join(parts), claims)
