@@ -280,9 +280,9 @@ class ResourceStore:
     # -- writing ----------------------------------------------------------------------------
 
     def store(self, batch: NodeBatch, received: float | None = None) -> None:
-        """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the bounds
-        are dropped from ``batch`` (see the module docstring) and counted. A batch with columns may be
-        kept as it is (its ``pods`` dicts): the caller must not change it after."""
+        """Store one node's scrape; its pods not in ``batch`` are forgotten. Readings outside the
+        bounds are dropped from ``batch`` (see the module docstring) and counted. A batch with
+        columns may be kept as it is (its ``pods`` dicts): the caller must not change it after."""
         received = time.monotonic() if received is None else received
         counts = screen_batch(batch)
         node = batch.node
@@ -308,8 +308,8 @@ class ResourceStore:
             REFUSED.labels(reason).inc(n)
 
     def _store_pods(self, entry: _NodeEntry, batch: NodeBatch, counts: dict[str, int]) -> None:
-        """:meth:`store`'s pods, container by container (any batch :meth:`_store_columns` does not take);
-        counts refusals into ``counts``."""
+        """:meth:`store`'s pods, container by container (any batch :meth:`_store_columns` does not
+        take); counts refusals into ``counts``."""
         node = batch.node
         resolution = self.resolution
         old_pods = _pairs(entry)
@@ -364,12 +364,12 @@ class ResourceStore:
             self.history.record(node, entry.last, entry.prev, new_pods, entry.layout)
 
     def _store_columns(self, entry: _NodeEntry, batch: NodeBatch, columns: ContainerColumns) -> bool:
-        """Store ``batch`` a column at a time when it holds the same series as the node's last scrape,
-        each newer, of the same start, its counter not lower and its rate within MAX_NANOCORES: then
-        every container's pair is (new reading, last one), as :meth:`store` would pair them one by one,
-        and a pod's pairs are made when it is read (:func:`_pod_readings`). False (nothing changed)
-        otherwise. A node of 60 containers, in process, with the history: 159 -> 50 us (23 without the
-        history, against 82 for the loop)."""
+        """Store ``batch`` a column at a time when it holds the same series as the node's last
+        scrape, each newer, of the same start, its counter not lower and its rate within
+        MAX_NANOCORES: then every container's pair is (new reading, last one), as :meth:`store`
+        would pair them one by one, and a pod's pairs are made when it is read (:func:`_pod_readings`).
+        False (nothing changed) otherwise. A node of 60 containers, in process, with the history:
+        159 -> 50 us (23 without the history, against 82 for the loop)."""
         old = entry.columns
         assert old is not None
         if (
@@ -395,8 +395,8 @@ class ResourceStore:
         return True
 
     def _new_token(self, node: str, entry: _NodeEntry) -> None:
-        """``node``'s pods or readings changed: drop the usages computed from the old ones, which gives it
-        a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
+        """``node``'s pods or readings changed: drop the usages computed from the old ones, which
+        gives it a new :meth:`pod_blocks` token, and log it for :meth:`pod_block_changes`."""
         entry.usage = {}
         self._token_changes.add(node)
         self._fresh = None  # not kept: it would hold the old tokens' usages alive until the next list
@@ -432,9 +432,9 @@ class ResourceStore:
         return stale
 
     def export_nodes(self, select: Callable[[str], bool] | None = None) -> list[tuple[NodeBatch, NodeBatch]]:
-        """Every node's readings as ``(previous, last)`` batches, for copying to another replica (refill,
-        read repair); ``select(node)`` picks nodes. Containers with no previous reading are only in
-        ``last``."""
+        """Every node's readings as ``(previous, last)`` batches, for copying to another replica
+        (refill, read repair); ``select(node)`` picks nodes. Containers with no previous reading are
+        only in ``last``."""
         out = []
         for node, entry in self._nodes.items():
             if select is not None and not select(node):
@@ -515,11 +515,11 @@ class ResourceStore:
         return None if entry is None or now - entry.received > self.max_age else entry.usage
 
     def pod_block_changes(self, since: int) -> tuple[int, list[str] | None]:
-        """``(version, nodes whose token changed after version ``since``)``, oldest first, a node possibly
-        more than once; None instead of the nodes when that is no longer known (then any may have). A
-        cache of rendered nodes checks these alone rather than every node: at 5000 nodes, going through
-        :meth:`pod_blocks` for each slice of rendering ahead took a quarter of the event loop during
-        scrape cycles."""
+        """``(version, nodes whose token changed after version ``since``)``, oldest first, a node
+        possibly more than once; None instead of the nodes when that is no longer known (then any
+        may have). A cache of rendered nodes checks these alone rather than every node: at 5000
+        nodes, going through :meth:`pod_blocks` for each slice of rendering ahead took a quarter of
+        the event loop during scrape cycles."""
         return self._token_changes.since(since)
 
     def node_claims(self, node: str) -> int | None:
@@ -568,12 +568,12 @@ class ResourceStore:
         return self._pod_node.get((namespace, name), "")
 
     def ready(self) -> bool:
-        """True once a node or pod could be served, and from then on (as metrics-server's storage, ready
-        once it holds a previous batch; nodes that stop answering show in /readyz's nodes-scraped
-        detail instead). Every /readyz probe asks, and anyone may send one: until a reading has been
-        stored with one before it this looks at nothing (it computed every pod's usage: 126-259 ms of
-        event loop a probe at 150 000 pods before the second scrape), then node by node until one can
-        be served."""
+        """True once a node or pod could be served, and from then on (as metrics-server's storage,
+        ready once it holds a previous batch; nodes that stop answering show in /readyz's
+        nodes-scraped detail instead). Every /readyz probe asks, and anyone may send one: until a
+        reading has been stored with one before it this looks at nothing (it computed every pod's
+        usage: 126-259 ms of event loop a probe at 150 000 pods before the second scrape), then node by
+        node until one can be served."""
         if self._ready or not self._paired:
             return self._ready
         now = time.monotonic()

@@ -252,14 +252,16 @@ class NodeBlocks:
         gz = None if gzip_head is None else gzblocks.GzipList(created_json)
         self.gzip_ahead = gz is not None  # blocks rendered ahead are compressed while lists are gzipped
         usage_text = UsageText(self.renderer.texts, TimeFormatter())
-        # While rendering ahead (lists come at least once a resolution), a block that a newer
-        # scrape of its node superseded stands in for it if it was rendered within STAND_IN_FOR,
-        # the inventory still holds its pods as they were (the change log said so above, as for a
-        # current block), and the store still has each from this node (not from another's scrape:
-        # it would be listed twice; the node's claims number is unchanged); the node is left to
-        # rendering ahead, which replaces the block soon. So a list during a cycle renders little, and serves
-        # some nodes as of their previous scrape (each item's timestamp says so), as metrics-server
-        # serves a whole cycle older until its cycle ends.
+        # While rendering ahead (lists come at least once a resolution), a block that a newer scrape
+        # of its node superseded stands in for it if it was rendered within STAND_IN_FOR, the
+        # inventory still holds its pods as they were (with a change log, _apply_inventory_changes
+        # dropped above the blocks holding a changed pod, as for a current block; without one, each
+        # block is checked pod by pod), and the store still has each from this node (not from
+        # another's scrape: it would be listed twice), which the node's claims number
+        # (ResourceStore.node_claims) says in one lookup: the node is left to rendering ahead, which
+        # replaces the block soon. So a list during a cycle renders little, and serves some nodes as
+        # of their previous scrape (each item's timestamp says so), as metrics-server serves a whole
+        # cycle older until its cycle ends.
         stand_in = self._prerender_handle is not None and started <= self._prerender_until
         claims = store.node_claims
         rendered_since = started - STAND_IN_FOR * self.prerender_within
