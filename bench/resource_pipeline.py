@@ -19,8 +19,10 @@ LIST + WATCH, as in a cluster) and `kcms standalone` (plus any --kcms-arg). Meas
    --hpa-namespace/--hpa-selector), each with Accept-Encoding gzip and identity, over one kept-alive
    TLS connection; p50 is the figure;
 4. the socket-write floor: the same client receiving the very bytes KCMS sent for all pods from a
-   minimal asyncio+ssl server (pre-rendered, same TLS version); list time / floor time. Then, for
-   gzip, the list and the floor again, each taken wholly between two scrape cycles and wholly
+   minimal asyncio+ssl server (pre-rendered, same TLS version); list time / floor time. Then
+   lists paired with floor transfers (one right before or after the other, in turn; the median of
+   the pairs' ratios: the pair shares whatever the machine is doing). Then, for gzip, the list and
+   the floor again, each taken wholly between two scrape cycles and wholly
    during one (KCMS's /metrics says when a cycle starts and ends): the five lists of step 3 fall
    wherever the cycles put them, and on 2 cores a list or a floor transfer that a 5000-node cycle
    overlaps shares the machine with it (the simulator holds the other core);
@@ -367,6 +369,7 @@ class Run(ProcessRun):
                     samples.append(r.seconds * 1000)
                     wire.append(r.wire_seconds * 1000)
                 tls = client.tls()
+                paired = self.paired(client, enc)
                 if enc == "gzip":
                     self.r["by_cycle"] = self.by_cycle(client, enc)
                 client.close()
@@ -378,8 +381,36 @@ class Run(ProcessRun):
             self.r["floor"][enc] = {"p50_ms": p50, "wire_bytes": len(raw), "tls": tls,
                                     "ratio": self.r["lists"][enc]["pods"]["p50_ms"] / p50,
                                     "wire_p50_ms": wire50,
-                                    "wire_ratio": self.r["lists"][enc]["pods"]["wire_p50_ms"] / wire50}  # fmt: skip
+                                    "wire_ratio": self.r["lists"][enc]["pods"]["wire_p50_ms"] / wire50,
+                                    "paired": paired}  # fmt: skip
             body_file.unlink()
+
+    def paired(self, floor: Client, enc: str) -> dict:
+        """--pod-requests lists of every pod, each paired with a floor transfer (``floor``: the bare
+        server's client) right before or after it, in turn: the pair shares the machine's state (a
+        scrape cycle running or not), where the five lists of step 3 and the floor's five come
+        seconds apart. The figure is the median of the pairs' ratios."""
+        lists: list[Response] = []
+        floors: list[Response] = []
+        for i in range(self.args.pod_requests):
+            if i % 2 == 0:
+                lists.append(self.client.get(PODS_PATH, encoding=enc))
+                floors.append(floor.get("/", encoding=enc))
+            else:
+                floors.append(floor.get("/", encoding=enc))
+                lists.append(self.client.get(PODS_PATH, encoding=enc))
+        fig: dict = {
+            "list_ms": [round(r.seconds * 1000, 1) for r in lists],
+            "floor_ms": [round(r.seconds * 1000, 1) for r in floors],
+            "list_wire_ms": [round(r.wire_seconds * 1000, 1) for r in lists],
+            "floor_wire_ms": [round(r.wire_seconds * 1000, 1) for r in floors],
+        }
+        if lists:
+            ratios = [a.seconds / b.seconds for a, b in zip(lists, floors, strict=True)]
+            wire_ratios = [a.wire_seconds / b.wire_seconds for a, b in zip(lists, floors, strict=True)]
+            fig.update(ratios=[round(x, 3) for x in ratios], ratio=statistics.median(ratios),
+                       wire_ratios=[round(x, 3) for x in wire_ratios], wire_ratio=statistics.median(wire_ratios))  # fmt: skip
+        return fig
 
     def by_cycle(self, floor: Client, enc: str) -> dict:
         """The list of every pod and its floor (``floor``: the bare server's client), taken in turn

@@ -152,6 +152,9 @@ def rows(r: dict) -> list[tuple[str, str]]:
              f"{_num(_get(r, 'floor', enc, 'ratio'), 1)}x (floor {_num(_get(r, 'floor', enc, 'p50_ms'), 1)} ms); "
              f"to the last byte {_num(_get(r, 'floor', enc, 'wire_ratio'), 1)}x "
              f"({_num(_get(r, 'lists', enc, 'pods', 'wire_p50_ms'), 0)} / {_num(_get(r, 'floor', enc, 'wire_p50_ms'), 0)} ms)"),
+            (f"list all pods / socket-write floor, each list paired with a floor transfer ({enc})",
+             f"{_num(_get(r, 'floor', enc, 'paired', 'ratio'), 1)}x; to the last byte "
+             f"{_num(_get(r, 'floor', enc, 'paired', 'wire_ratio'), 1)}x (medians of the pairs' ratios)"),
             (f"one namespace by label, the HPA's query ({enc})",
              _vs(_get(r, "lists", enc, "hpa", "p50_ms"), reference(n, "hpa_ms"), 1, "ms")
              + f", {_num(_get(r, 'lists', enc, 'hpa', 'items'), 0)} pods"),
@@ -281,6 +284,11 @@ def raw_lines(r: dict) -> list[str]:
             f"({f['tls'][0]} {f['tls'][1]}); list all pods / floor = {f['ratio']:.1f}x; to the last byte "
             f"p50 {f.get('wire_p50_ms', math.nan):.1f} ms, list / floor = {f.get('wire_ratio', math.nan):.1f}x"
         )
+        p = f.get("paired")
+        if p and "ratio" in p:
+            out.append(f"    paired ({enc}): lists {p['list_ms']} ms, floors {p['floor_ms']} ms; to the last byte "
+                       f"lists {p['list_wire_ms']} ms, floors {p['floor_wire_ms']} ms; median of the pairs' ratios "
+                       f"{p['ratio']:.1f}x, to the last byte {p['wire_ratio']:.1f}x")  # fmt: skip
     for phase, f in (r.get("by_cycle") or {}).items():
         if isinstance(f, dict):
             out.append(f"  list all pods (gzip) {phase} scrape cycles: lists {f['list_ms']} ms, floor {f['floor_ms']} ms")

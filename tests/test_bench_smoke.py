@@ -76,6 +76,7 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
     for row in ("CPU per node", "RSS per node", "time until 95 % of nodes", "time until 95 % of pods",
                 "list all nodes (Accept-Encoding gzip)", "list all pods (Accept-Encoding identity)",
                 "list all pods / socket-write floor (gzip)", "list all pods / socket-write floor (identity)",
+                "list all pods / socket-write floor, each list paired with a floor transfer (gzip)",
                 "one namespace by label, the HPA's query (gzip)", "pods served at the end",
                 "while 2 clients list all pods: failed scrapes", "history of one pod (gzip)",
                 "history of one namespace (gzip)", "history of all nodes (gzip)"):  # fmt: skip
@@ -104,6 +105,16 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
             assert all(0 < w <= t for w, t in zip(pods_fig["wire_samples_ms"], pods_fig["samples_ms"], strict=True))
             assert 0 < r["floor"][enc]["wire_p50_ms"] <= r["floor"][enc]["p50_ms"]
             assert r["floor"][enc]["wire_ratio"] == pytest.approx(pods_fig["wire_p50_ms"] / r["floor"][enc]["wire_p50_ms"])
+            # lists paired with floor transfers: the figure is the median of each pair's ratio
+            paired = r["floor"][enc]["paired"]
+            assert len(paired["list_wire_ms"]) == len(paired["floor_wire_ms"]) == 2, paired
+            for key, lists_key, floors_key in (("ratio", "list_ms", "floor_ms"),
+                                               ("wire_ratio", "list_wire_ms", "floor_wire_ms")):  # fmt: skip
+                ratios = paired[key + "s"]
+                assert paired[key] == pytest.approx(statistics.median(ratios), abs=1e-3), paired
+                # each pair's ratio is its list over its floor (times rounded to 0.1 ms)
+                for x, a, b in zip(ratios, paired[lists_key], paired[floors_key], strict=True):
+                    assert x > 0 and abs(x * b - a) <= 0.05 + 0.05 * x + 1e-3 * b, paired
         assert r["lists"]["identity"]["pods"]["content_encoding"] == ""
         assert r["pods_served_pct"] == 100.0 and r["load"]["pods_served_pct_end"] == 100.0
         assert r["load"]["lists"] > 0 and r["load"]["cycles"] >= 2
