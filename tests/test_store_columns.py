@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -23,10 +24,14 @@ REASONS = ("counter_backwards", "absurd_rate", "future_timestamp")
 Series = dict[tuple[str, str], dict[str, list[float]]]
 
 
-def render(series: Series, ts: float, node_cpu: float, node_ts: float | None = None) -> bytes:
+def render(
+    series: Series, ts: float, node_cpu: float, node_ts: float | None = None, late: dict[str, float] | None = None
+) -> bytes:
     """A kubelet /metrics/resource body in the kubelet's layout (series sorted by labels); the node
-    lines are stamped ``node_ts`` (default ``ts``)."""
+    lines are stamped ``node_ts`` (default ``ts``), a container named in ``late`` that many seconds
+    before ``ts`` (a kubelet stamps each container with its own stats' time)."""
     ms = int(ts * 1000)
+    late = late or {}
     node_ms = ms if node_ts is None else int(node_ts * 1000)
     rows = sorted((c, ns, pod, v) for (ns, pod), cs in series.items() for c, v in cs.items())
     out = []
@@ -38,7 +43,8 @@ def render(series: Series, ts: float, node_cpu: float, node_ts: float | None = N
     for fam, kind, value in families:
         out.append(f"# HELP {fam} x\n# TYPE {fam} {kind}\n")
         for c, ns, pod, v in rows:
-            out.append(f'{fam}{{container="{c}",namespace="{ns}",pod="{pod}"}} {value(v)} {ms}\n')
+            stamp = ms - int(late.get(c, 0.0) * 1000)
+            out.append(f'{fam}{{container="{c}",namespace="{ns}",pod="{pod}"}} {value(v)} {stamp}\n')
     out.append(f"# HELP node_cpu_usage_seconds_total x\n# TYPE node_cpu_usage_seconds_total counter\n"
                f"node_cpu_usage_seconds_total {node_cpu!r} {node_ms}\n")  # fmt: skip
     out.append(f"# HELP node_memory_working_set_bytes x\n# TYPE node_memory_working_set_bytes gauge\n"
@@ -162,6 +168,27 @@ def test_plain_scrapes_take_the_column_path_and_read_the_same():
     same_everything(a, b, set(series))
     usage = a.pod_usage("default", "n1-1", now=0.0)
     assert usage is not None and [u.cpu_nanocores for _, u in usage.containers] == [166666666, 166666666]
+
+
+def test_containers_stamped_apart_read_the_same_by_columns():
+    """A pod's containers stamped at different times, the later container's reading older in one
+    scrape and newer in the next: the column path reads every pod with the loop's rates, and the
+    pod's timestamp and window are its oldest container's."""
+    a, b = stores()
+    reuse = DecodeReuse()
+    for k, series in plain_scrapes(5):
+        late = {"side": (2.0, 0.5, 3.0, 1.0, 4.0)[k], "app": (0.0, 1.0, 0.0, 2.5, 0.0)[k]}
+        store_both(a, b, "n1", render(series, BASE + 15.0 * k, 1000.0 + 20 * k, late=late), reuse)
+        if k >= 1:
+            assert a._nodes["n1"].pods is None  # stored by columns
+            same_reads(a, b, set(series))
+    rates = dict(a.node_pod_rates("n1", _container, _pod))
+    assert rates == dict(b.node_pod_rates("n1", _container, _pod))
+    # scrape 4: app at ts (15 s after its 2.5 s late reading), side 4 s late (12 s after its 1 s late one)
+    ts, window, (app, side) = rates[("default", "n1-1")]  # type: ignore[misc]
+    assert (app[0], side[0]) == ("app", "side")
+    assert app[2] == pytest.approx(17.5) and side[2] == pytest.approx(12.0)
+    assert side[1] < app[1] and (ts, window) == (side[1], side[2])
 
 
 def test_a_batch_the_store_screens_again_loses_its_columns():

@@ -4,14 +4,18 @@ and at what rates (``ResourceStore._store_columns``, ``HistoryStore.record_colum
 :func:`column_rates` runs in C (kcms/store/_columns.c) where it is built: one pass instead of the
 ten passes of ``map`` below: 1.6 against 16.4 us for a node of 60 containers in a loop here.
 :func:`column_rates_py` is the rule, and what runs without the C module or for an input C
-declines; tests/test_columns.py holds the two to the same results.
+declines; tests/test_columns.py holds the two to the same results. :func:`column_pod_rates` reads
+a node stored so back pod by pod with those rates (``ResourceStore.node_pod_rates``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import repeat
-from operator import le, mul, sub, truediv
+from operator import attrgetter, le, mul, sub, truediv
+from typing import TypeVar
 
+from kcms.model import PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
 
 try:
@@ -20,6 +24,11 @@ except ImportError:  # no C compiler at install: Python does it
     _c_rates = None
 
 Rates = tuple[list[int], bool]
+_C = TypeVar("_C")
+_P = TypeVar("_P")
+_timestamp = attrgetter("timestamp")
+_cpu_ns = attrgetter("cpu_ns")
+_memory = attrgetter("memory")
 
 
 def column_rates_py(new_times: list[float], old_times: list[float], new_cpu: list[int], old_cpu: list[int]) -> Rates | None:
@@ -49,3 +58,52 @@ def column_rates(new_times: list[float], old_times: list[float], new_cpu: list[i
         if got is not False:
             return got
     return column_rates_py(new_times, old_times, new_cpu, old_cpu)
+
+
+def column_pod_rates(
+    last: Sequence[ResourcePoint],
+    before: Sequence[ResourcePoint],
+    places: dict[PodKey, tuple[int, tuple[str, ...]]],
+    keep: Callable[[PodKey], bool],
+    container: Callable[[str, float, float, int, int], _C],
+    pod: Callable[[float, float, list[_C]], _P],
+) -> list[tuple[PodKey, _P | None]] | None:
+    """:func:`kcms.store.resource.pod_rates` of every pod in ``places`` that ``keep`` keeps, from a
+    node's readings stored a column at a time (``last`` and ``before``, pod by pod, container by
+    container), with the rates of the whole node made at once by :func:`column_rates`; None when
+    one pod would have no rate (or a reading is at 0.0, where ``pod_rates`` picks the pod's
+    timestamp otherwise): the caller then goes pod by pod. Every pod but one with no container has
+    a rate then, so each is a ``map`` of ``container`` and the oldest reading. The list of every pod
+    renders each node after each of its scrapes: 6.56 -> 6.12 and 7.04 -> 6.00 us a pod with the
+    list's text, 3.68 -> 2.98 and 3.70 -> 3.60 without (fastest of 15 passes over 1000 nodes,
+    alternated with the pod-by-pod path, two runs on a noisy machine)."""
+    times = list(map(_timestamp, last))
+    cpu = list(map(_cpu_ns, last))
+    before_times = list(map(_timestamp, before))
+    got = column_rates(times, before_times, cpu, list(map(_cpu_ns, before)))
+    if got is None or not got[1] or not times or min(times) <= 0.0:
+        return None
+    rates = got[0]
+    spans = list(map(sub, times, before_times))
+    memory = list(map(_memory, last))
+    out: list[tuple[PodKey, _P | None]] = []
+    for key, (at, names) in places.items():
+        if not keep(key):
+            continue
+        if not names:
+            out.append((key, None))
+            continue
+        end = at + len(names)
+        stamps = times[at:end]
+        oldest = min(stamps)  # the first container with it, as pod_rates takes
+        out.append(
+            (
+                key,
+                pod(
+                    oldest,
+                    spans[at + stamps.index(oldest)],
+                    list(map(container, names, stamps, spans[at:end], rates[at:end], memory[at:end])),
+                ),
+            )
+        )
+    return out

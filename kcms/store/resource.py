@@ -52,7 +52,7 @@ from prometheus_client import Counter, Gauge
 from kcms.changelog import ChangeLog
 from kcms.model import ContainerColumns, NodeBatch, PodKey, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES, REASONS, screen_batch
-from kcms.store.columns import column_rates
+from kcms.store.columns import column_pod_rates, column_rates
 from kcms.store.usage import PodUsage, Usage
 
 if TYPE_CHECKING:
@@ -550,12 +550,12 @@ class ResourceStore:
             ]
         columns, before = entry.columns, entry.before
         assert columns is not None and before is not None
-        last = columns.readings
-        out = []
-        for key, (at, names) in columns.places.of.items():
-            if owner.get(key) == node:
-                out.append((key, pod_rates(_placed(names, at, last, before), container, pod)))
-        return out
+        last, places = columns.readings, columns.places.of
+        keep = lambda key: owner.get(key) == node  # noqa: E731
+        got = column_pod_rates(last, before, places, keep, container, pod)  # the node's rates at once
+        if got is not None:
+            return got
+        return [(k, pod_rates(_placed(n, at, last, before), container, pod)) for k, (at, n) in places.items() if keep(k)]
 
     def node_names(self) -> list[str]:
         return list(self._nodes)
