@@ -48,10 +48,18 @@ from prometheus_client import Counter
 
 from kcms.apis.metrics import gzblocks
 from kcms.apis.metrics.convert import TimeFormatter
-from kcms.apis.metrics.render import ListRenderer, UsageText
+from kcms.apis.metrics.render import (  # noqa: F401 (LIST_SHARE*: the policy's figures, read by tests)
+    HOLD_MAX,
+    LIST_HOLDS,
+    LIST_SHARE,
+    LIST_SHARE_WINDOW,
+    YIELD_AFTER,
+    ListRenderer,
+    UsageText,
+)
 from kcms.heap import trim_heap
 from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
-from kcms.tasks import STREAMS, LoopShare
+from kcms.tasks import STREAMS
 
 # The list of every pod is sent in chunks of about this size (node blocks joined): big enough that
 # each write and compression call costs little, small enough to overlap rendering and the socket.
@@ -86,23 +94,10 @@ STAND_IN_FOR = 2
 # Blocks of nodes no longer in the store are dropped once they are this many beyond twice the
 # nodes listed.
 BLOCKS_SLACK = 100
-# A list of every pod hands the event loop back once it has run this long since it last did (checked
-# every YIELD_CHECK pods rendered or blocks taken as they were: ~0.2-0.7 ms of work). It yielded
-# every 500 such before: ~1.5 ms of work once most blocks were ready, and each yield during a
-# 5000-node scrape cycle waited 5-17 ms for its turn to come back (ten a list: 26-170 ms of the
-# list's 65-240 ms in process, instrumented runs of bench/resource_pipeline.py, 28 Nov).
-YIELD_AFTER = 0.005
+# A list of every pod checks whether to hand the event loop back (render.YIELD_AFTER, HOLD_MAX,
+# LIST_HOLDS: shared with every other list) every YIELD_CHECK pods rendered or blocks taken as
+# they were (~0.2-0.7 ms of work).
 YIELD_CHECK = 100
-# ... unless lists of every pod have held the loop in such stretches for less than LIST_SHARE of
-# the last ~second (LIST_SHARE_WINDOW, decayed): then a list runs on, up to HOLD_MAX, rather than
-# hand back a turn it waits 6-19 ms to get again during a 5000-node cycle (the scrapes wait in
-# their sockets meanwhile; a cycle takes that much longer). A list during a cycle needs 40-90 ms of
-# work, a share of ~10 % while one comes a second; clients listing in a loop take the share, then
-# are sliced as before, so they can take at most that much more of the loop from the scrapes.
-LIST_SHARE = 0.25
-LIST_SHARE_WINDOW = 1.0
-HOLD_MAX = 0.05
-LIST_HOLDS = LoopShare(LIST_SHARE, LIST_SHARE_WINDOW)
 # Every block is dropped once no list of every pod has come for this many resolutions (and none
 # is rendered ahead): by then each node has been scraped again, so a block is only memory (57 MB
 # at 150 000 pods, held after one `kubectl top pods -A`) that the next list would render anew.

@@ -20,8 +20,8 @@ order, escaping): strings that could need escaping (names, labels, container nam
 ``orjson.dumps``; the rest (timestamps, durations, quantities) are ASCII letters, digits and ``.:-``
 (and ``µ``, which orjson writes as UTF-8 too).
 
-The items are produced in chunks of :data:`SLICE`, handing the event loop back in between (the
-process also scrapes kubelets). A list of at most :data:`STREAM_BYTES` is joined and sent with a
+The items are produced in chunks of :data:`SLICE`, handing the event loop back between them
+once a list has held it :data:`YIELD_AFTER` (the process also scrapes kubelets; see there). A list of at most :data:`STREAM_BYTES` is joined and sent with a
 ``Content-Length``; a larger one is streamed (chunked transfer encoding, gzip when accepted:
 :func:`kcms.apiserver.responses.stream_response`), so that rendering overlaps the
 socket and no whole 56 MB body is held. The caches are bounded: an entry whose object left the
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -45,10 +46,30 @@ from kcms.apiserver.responses import GZIP_RATIO, gzipped_body_response, list_bod
 from kcms.model import Inventory, NodeInfo, PodInfo
 from kcms.quantity import format_bytes, format_cpu_nanocores
 from kcms.store.usage import PodUsage, Usage
+from kcms.tasks import LoopShare
 
-# Items rendered between two yields to the event loop, and the items of one chunk of a streamed
-# body (~190 KB of pods): ~1 ms of work from the cache, ~8 ms when every usage is new.
+# Items looked at between two checks of whether to hand the event loop back, and the items of one
+# chunk of a streamed body (~190 KB of pods): ~1 ms of work from the cache, ~8 ms when every usage
+# is new, ~0.3 ms when a selector keeps few of them.
 SLICE = 500
+# A list hands the event loop back once it has run this long since it last did. Lists yielded
+# after every SLICE items before: the HPA's query at 5000 nodes looks at a namespace's 34 420 pods
+# for its 3318, so it yielded 68 times, and each yield during a scrape cycle waited for its turn
+# to come back: 245-310 ms against 37-46 between cycles (bench/resource_pipeline.py, 29 Nov 09:15).
+# The list of every pod (blocks.py) yielded every 500 blocks: ~1.5 ms of work, each yield during
+# a 5000-node cycle waiting 5-17 ms (ten a list: 26-170 ms of the list's 65-240 ms in process,
+# instrumented runs, 28 Nov).
+YIELD_AFTER = 0.005
+# ... unless lists have held the loop in such stretches for less than LIST_SHARE of the last
+# ~second (LIST_SHARE_WINDOW, decayed): then a list runs on, up to HOLD_MAX, rather than hand back
+# a turn it waits 6-19 ms to get again during a 5000-node cycle (the scrapes wait in their sockets
+# meanwhile; a cycle takes that much longer). A list of every pod during a cycle needs 40-90 ms of
+# work, a share of ~10 % while one comes a second; clients listing in a loop take the share, then
+# are sliced as before, so they can take at most that much more of the loop from the scrapes.
+LIST_SHARE = 0.25
+LIST_SHARE_WINDOW = 1.0
+HOLD_MAX = 0.05
+LIST_HOLDS = LoopShare(LIST_SHARE, LIST_SHARE_WINDOW)
 # A list whose items exceed this many bytes is streamed (chunked) rather than joined and sent.
 STREAM_BYTES = 1 << 20
 # A sweep runs when the cache holds more than 2x the entries it kept at the last one, plus this.
@@ -173,6 +194,32 @@ async def gzipped_list_response(request: web.Request, chunks: AsyncIterator[byte
     return await gzipped_body_response(request, chunks, stream_above=STREAM_BYTES // GZIP_RATIO)
 
 
+class _Turn:
+    """A list's stretch of the event loop since it last handed it back: :meth:`check` hands it
+    back once the stretch has run YIELD_AFTER, unless LIST_HOLDS lets it run on (to HOLD_MAX)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = perf_counter()
+
+    def begin(self) -> None:
+        self.since = perf_counter()
+
+    def end(self) -> None:
+        """The stretch ends here (the list is done, or hands a chunk over, which may wait)."""
+        at = perf_counter()
+        LIST_HOLDS.add(at - self.since, at)
+
+    async def check(self) -> None:
+        at = perf_counter()
+        held = at - self.since
+        if held >= YIELD_AFTER and (held >= HOLD_MAX or not LIST_HOLDS.allows(held, at)):
+            LIST_HOLDS.add(held, at)
+            await asyncio.sleep(0)
+            self.since = perf_counter()
+
+
 class ListRenderer:
     """Pre-rendered pieces of every listed node and pod, and the list items made of them."""
 
@@ -223,9 +270,10 @@ class ListRenderer:
         text = UsageText(self.texts, TimeFormatter())
         created_json = _dumps(created)
         first = True
+        turn = _Turn()
         for start in range(0, len(pods), SLICE):
             if start:
-                await asyncio.sleep(0)
+                await turn.check()
             pieces: list[bytes] = []
             append = pieces.append
             for pod in pods[start : start + SLICE]:
@@ -252,7 +300,10 @@ class ListRenderer:
                 if first:
                     pieces[0] = pieces[0][1:]  # no separator before the first item
                     first = False
-                yield b"".join(pieces)
+                turn.end()
+                yield b"".join(pieces)  # written, maybe drained: the loop may run other work meanwhile
+                turn.begin()
+        turn.end()
         await self.sweep_if_grown()
 
     async def nodes(
@@ -270,9 +321,10 @@ class ListRenderer:
         fmt = TimeFormatter()
         created_json = _dumps(created)
         first = True
+        turn = _Turn()
         for start in range(0, len(nodes), SLICE):
             if start:
-                await asyncio.sleep(0)
+                await turn.check()
             pieces: list[bytes] = []
             append = pieces.append
             for node in nodes[start : start + SLICE]:
@@ -298,7 +350,10 @@ class ListRenderer:
                 if first:
                     pieces[0] = pieces[0][1:]
                     first = False
+                turn.end()
                 yield b"".join(pieces)
+                turn.begin()
+        turn.end()
         if len(cache) > 2 * self._nodes_kept + SWEEP_SLACK:
             self._sweep_nodes()
 
