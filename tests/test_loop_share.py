@@ -94,7 +94,7 @@ def test_lists_are_held_to_a_quarter_of_the_loop():
 async def turns_during_a_list(pods: int = 400) -> tuple[int, bytes]:
     """Turns of the event loop that ran while a list of every pod (``pods`` pods on 4 nodes, each
     rendered by the list: ~``pods`` units of its work) was made, and the list."""
-    from test_metrics_list_render import POD_HEAD, MutableInventory, collect, pod_info
+    from test_metrics_list_render import MutableInventory, pod_info
 
     inv = MutableInventory()
     store = ResourceStore(15.0, max_age=3600.0)
@@ -108,6 +108,13 @@ async def turns_during_a_list(pods: int = 400) -> tuple[int, bytes]:
                 batch.pods["default", f"p{i}"] = {"c": ResourcePoint(START - 3600, t, int(1e7 * i * (t - START + 1)), 4096)}
             store.store(batch)
     renderer = blocks.NodeBlocks(render.ListRenderer(inv), prerender_within=0)
+    return await turns_while_collecting(renderer.items(store, time.monotonic(), "2026-05-01T10:00:00Z"))
+
+
+async def turns_while_collecting(chunks) -> tuple[int, bytes]:
+    """Turns of the event loop that ran while a list's ``chunks`` were collected, and the list."""
+    from test_metrics_list_render import POD_HEAD, collect
+
     loop = asyncio.get_running_loop()
     turns, listing = [0], [True]
 
@@ -117,34 +124,16 @@ async def turns_during_a_list(pods: int = 400) -> tuple[int, bytes]:
             loop.call_soon(tick)
 
     loop.call_soon(tick)
-    body = await collect(POD_HEAD, renderer.items(store, time.monotonic(), "2026-05-01T10:00:00Z"))
+    body = await collect(POD_HEAD, chunks)
     listing[0] = False
     await asyncio.sleep(0)
     return turns[0], body
 
 
-async def test_a_list_runs_through_while_lists_are_within_their_share_and_hands_turns_back_past_it(monkeypatch):
-    """Every check of the list's loop finds its slice spent (YIELD_AFTER 0): it goes on only while
-    its share allows, and never past HOLD_MAX; the bytes are the same either way."""
-    monkeypatch.setattr(blocks, "YIELD_AFTER", 0.0)
-    monkeypatch.setattr(blocks, "HOLD_MAX", math.inf)
-    monkeypatch.setattr(blocks, "LIST_HOLDS", LoopShare(1.0, 1e6))
-    through, body = await turns_during_a_list()
-    assert through == 0 and body.count(b'"name":"p') == 400
-    assert blocks.LIST_HOLDS.level() > 0  # the list's stretch was recorded
-    monkeypatch.setattr(blocks, "LIST_HOLDS", LoopShare(0.0, 1.0))
-    sliced, same = await turns_during_a_list()
-    assert sliced >= 3 and same == body  # a check every 100 pods rendered
-    monkeypatch.setattr(blocks, "LIST_HOLDS", LoopShare(1.0, 1e6))
-    monkeypatch.setattr(blocks, "HOLD_MAX", 0.0)
-    capped, same = await turns_during_a_list()
-    assert capped >= 3 and same == body
-
-
 async def turns_during_a_selective_list(pods: int = 3000) -> tuple[int, bytes]:
     """Turns of the event loop that ran while a list of the pods labelled app=web among ``pods``
     (one in ten) was rendered by ListRenderer (the HPA's query: six slices looked at), and the list."""
-    from test_metrics_list_render import POD_HEAD, MutableInventory, collect, pod_info
+    from test_metrics_list_render import MutableInventory, pod_info
 
     from kcms.selectors import parse_label_selector
     from kcms.store.usage import PodUsage, Usage
@@ -154,43 +143,39 @@ async def turns_during_a_selective_list(pods: int = 3000) -> tuple[int, bytes]:
         inv.put_pod(pod_info("default", f"p{i}", {"app": "web" if i % 10 == 0 else "db"}))
     usage = PodUsage(START, 15.0, (("c", Usage(START, 15.0, 1000, 4096)),))
     selector = parse_label_selector("app=web")
-    renderer = render.ListRenderer(inv)
-    loop = asyncio.get_running_loop()
-    turns, listing = [0], [True]
-
-    def tick() -> None:
-        if listing[0]:
-            turns[0] += 1
-            loop.call_soon(tick)
-
-    loop.call_soon(tick)
-    chunks = renderer.pods(inv.pods("default"), lambda ns, name, now: usage, 0.0,
-                           lambda pod: selector.matches(pod.labels), "2026-05-01T10:00:00Z")  # fmt: skip
-    body = await collect(POD_HEAD, chunks)
-    listing[0] = False
-    await asyncio.sleep(0)
-    return turns[0], body
+    chunks = render.ListRenderer(inv).pods(inv.pods("default"), lambda ns, name, now: usage, 0.0,
+                                           lambda pod: selector.matches(pod.labels), "2026-05-01T10:00:00Z")  # fmt: skip
+    return await turns_while_collecting(chunks)
 
 
-async def test_a_selective_list_hands_turns_back_by_time_held_not_by_pods_looked_at(monkeypatch):
-    """A list by namespace and selector goes on past a slice of pods while its stretch is short or
-    its share allows (the HPA's query yielded after every 500 pods it looked at: 68 times a query
-    at 5000 nodes, each turn slow to come back during a scrape cycle), and is sliced past its
-    share or HOLD_MAX; the bytes are the same either way."""
-    monkeypatch.setattr(render, "YIELD_AFTER", 0.0)
-    monkeypatch.setattr(render, "HOLD_MAX", math.inf)
-    monkeypatch.setattr(render, "LIST_HOLDS", LoopShare(1.0, 1e6))
-    through, body = await turns_during_a_selective_list()
-    assert through == 0 and body.count(b'"name":"p') == 300
-    assert render.LIST_HOLDS.level() > 0  # the list's stretch was recorded
-    monkeypatch.setattr(render, "LIST_HOLDS", LoopShare(0.0, 1.0))
-    sliced, same = await turns_during_a_selective_list()
-    assert sliced >= 5 and same == body  # a check every 500 pods looked at
-    monkeypatch.setattr(render, "LIST_HOLDS", LoopShare(1.0, 1e6))
-    monkeypatch.setattr(render, "HOLD_MAX", 0.0)
-    capped, same = await turns_during_a_selective_list()
-    assert capped >= 5 and same == body
-    monkeypatch.setattr(render, "YIELD_AFTER", math.inf)  # a stretch never long enough to hand back
-    monkeypatch.setattr(render, "LIST_HOLDS", LoopShare(0.0, 1.0))
-    short, same = await turns_during_a_selective_list()
+@pytest.mark.parametrize(
+    ("module", "listing", "items", "checks"),
+    [(blocks, "turns_during_a_list", 400, 3), (render, "turns_during_a_selective_list", 300, 5)],
+    ids=["every-pod", "by-selector"],
+)
+async def test_a_list_runs_through_while_lists_are_within_their_share_and_hands_turns_back_past_it(
+    monkeypatch, module, listing, items, checks
+):
+    """Every check of the list's loop finds its slice spent (YIELD_AFTER 0): it goes on only while
+    its share allows, and never past HOLD_MAX; the bytes are the same either way. The list of
+    every pod checks every 100 pods rendered; a list by selector every 500 pods looked at (the
+    HPA's query yielded at each before: 68 times a query at 5000 nodes, each turn slow to come back
+    during a scrape cycle), and not at all while its stretch is short."""
+    run = globals()[listing]
+    monkeypatch.setattr(module, "YIELD_AFTER", 0.0)
+    monkeypatch.setattr(module, "HOLD_MAX", math.inf)
+    monkeypatch.setattr(module, "LIST_HOLDS", LoopShare(1.0, 1e6))
+    through, body = await run()
+    assert through == 0 and body.count(b'"name":"p') == items
+    assert module.LIST_HOLDS.level() > 0  # the list's stretch was recorded
+    monkeypatch.setattr(module, "LIST_HOLDS", LoopShare(0.0, 1.0))
+    sliced, same = await run()
+    assert sliced >= checks and same == body
+    monkeypatch.setattr(module, "LIST_HOLDS", LoopShare(1.0, 1e6))
+    monkeypatch.setattr(module, "HOLD_MAX", 0.0)
+    capped, same = await run()
+    assert capped >= checks and same == body
+    monkeypatch.setattr(module, "YIELD_AFTER", math.inf)  # a stretch never long enough to hand back
+    monkeypatch.setattr(module, "LIST_HOLDS", LoopShare(0.0, 1.0))
+    short, same = await run()
     assert short == 0 and same == body
