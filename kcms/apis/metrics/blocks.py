@@ -48,15 +48,7 @@ from prometheus_client import Counter
 
 from kcms.apis.metrics import gzblocks
 from kcms.apis.metrics.convert import TimeFormatter
-from kcms.apis.metrics.render import (  # noqa: F401 (LIST_SHARE*: the policy's figures, read by tests)
-    HOLD_MAX,
-    LIST_HOLDS,
-    LIST_SHARE,
-    LIST_SHARE_WINDOW,
-    YIELD_AFTER,
-    ListRenderer,
-    UsageText,
-)
+from kcms.apis.metrics.render import HOLD_MAX, LIST_HOLDS, YIELD_AFTER, ListRenderer, UsageText
 from kcms.heap import trim_heap
 from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
 from kcms.tasks import STREAMS

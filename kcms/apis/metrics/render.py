@@ -21,8 +21,9 @@ order, escaping): strings that could need escaping (names, labels, container nam
 (and ``µ``, which orjson writes as UTF-8 too).
 
 The items are produced in chunks of :data:`SLICE`, handing the event loop back between them
-once a list has held it :data:`YIELD_AFTER` (the process also scrapes kubelets; see there). A list of at most :data:`STREAM_BYTES` is joined and sent with a
-``Content-Length``; a larger one is streamed (chunked transfer encoding, gzip when accepted:
+once a list has held it :data:`YIELD_AFTER` (the process also scrapes kubelets; see there). A
+list of at most :data:`STREAM_BYTES` is joined and sent with a ``Content-Length``; a larger one
+is streamed (chunked transfer encoding, gzip when accepted:
 :func:`kcms.apiserver.responses.stream_response`), so that rendering overlaps the
 socket and no whole 56 MB body is held. The caches are bounded: an entry whose object left the
 inventory is dropped by a sweep that runs when the cache has doubled since the last one
@@ -55,7 +56,9 @@ SLICE = 500
 # A list hands the event loop back once it has run this long since it last did. Lists yielded
 # after every SLICE items before: the HPA's query at 5000 nodes looks at a namespace's 34 420 pods
 # for its 3318, so it yielded 68 times, and each yield during a scrape cycle waited for its turn
-# to come back: 245-310 ms against 37-46 between cycles (bench/resource_pipeline.py, 29 Nov 09:15).
+# to come back: 245-310 ms against 37-46 between cycles (bench/resource_pipeline.py, 29 Nov 09:15);
+# by time held, 77-91 ms at the median during cycles against 502-538 (a query every 0.3 s, runs
+# alternated).
 # The list of every pod (blocks.py) yielded every 500 blocks: ~1.5 ms of work, each yield during
 # a 5000-node cycle waiting 5-17 ms (ten a list: 26-170 ms of the list's 65-240 ms in process,
 # instrumented runs, 28 Nov).
