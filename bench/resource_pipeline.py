@@ -391,8 +391,8 @@ class Run(ProcessRun):
         scrape cycle running or not), where the five lists of step 3 and the floor's five come
         seconds apart. The figure is the median of the pairs' ratios. Lists that render nodes
         themselves come first, untimed (at most three): the history lists before these outlast the
-        15 s rendering ahead waits for a list, so the first list renders every node again and the
-        second those a cycle scraped meanwhile (4514 and 2473 ms to the last byte at 09:57)."""
+        15 s rendering ahead waits for a list, so the first list renders every node again (the
+        first two paired lists took 4514 and 2473 ms to the last byte at 09:57)."""
         for _ in range(3):
             before = read_scrapes(self.client).blocks_rendered.get("on_list", 0)
             self.client.get(PODS_PATH, encoding=enc)
