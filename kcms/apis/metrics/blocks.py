@@ -48,7 +48,7 @@ from prometheus_client import Counter
 
 from kcms.apis.metrics import gzblocks
 from kcms.apis.metrics.convert import TimeFormatter
-from kcms.apis.metrics.render import HOLD_MAX, LIST_HOLDS, YIELD_AFTER, ListRenderer, UsageText
+from kcms.apis.metrics.render import ListRenderer, ListTurn, UsageText
 from kcms.heap import trim_heap
 from kcms.model import Inventory, PodChangeLog, PodInfo, PodKey
 from kcms.tasks import STREAMS
@@ -86,9 +86,9 @@ STAND_IN_FOR = 2
 # Blocks of nodes no longer in the store are dropped once they are this many beyond twice the
 # nodes listed.
 BLOCKS_SLACK = 100
-# A list of every pod checks whether to hand the event loop back (render.YIELD_AFTER, HOLD_MAX,
-# LIST_HOLDS: shared with every other list) every YIELD_CHECK pods rendered or blocks taken as
-# they were (~0.2-0.7 ms of work).
+# A list of every pod checks whether to hand the event loop back (render.ListTurn, as every other
+# list does, drawing on the one share) every YIELD_CHECK pods rendered or blocks taken as they
+# were (~0.2-0.7 ms of work).
 YIELD_CHECK = 100
 # Every block is dropped once no list of every pod has come for this many resolutions (and none
 # is rendered ahead): by then each node has been scraped again, so a block is only memory (57 MB
@@ -258,8 +258,7 @@ class NodeBlocks:
         pieces: list[bytes] = [] if gz is None else [gz.start(gzip_head or b"")]
         size = work = 0
         first = True
-        holds = LIST_HOLDS
-        last_yield = perf_counter()
+        turn = ListTurn()
         chunk_bytes = BLOCK_CHUNK_BYTES if gz is None else GZIP_CHUNK_BYTES
         run: list[gzblocks.CompressedBlock] = []  # spliced blocks not in ``pieces`` yet
         for node, token in store.pod_blocks(now):
@@ -338,23 +337,16 @@ class NodeBlocks:
                 chunk = b"".join(pieces)
                 pieces = []
                 size = 0
-                at = perf_counter()
-                holds.add(at - last_yield, at)
+                turn.end()
                 yield chunk  # written, and drained: the loop runs other work meanwhile
-                last_yield = perf_counter()
+                turn.begin()
             if work >= YIELD_CHECK:  # pods rendered or blocks taken as they were
                 work = 0
-                at = perf_counter()
-                held = at - last_yield
-                if held >= YIELD_AFTER and (held >= HOLD_MAX or not holds.allows(held, at)):
-                    holds.add(held, at)
-                    await asyncio.sleep(0)
-                    last_yield = perf_counter()
+                await turn.check()
         if gz is not None:
             gz.blocks(run, pieces)
             pieces.append(gz.finish(b"]}"))
-        at = perf_counter()
-        holds.add(at - last_yield, at)
+        turn.end()
         if pieces:
             yield b"".join(pieces)
         # Every block was checked (a list cut short, or a relist meanwhile, leaves the next to it),

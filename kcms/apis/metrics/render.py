@@ -197,9 +197,11 @@ async def gzipped_list_response(request: web.Request, chunks: AsyncIterator[byte
     return await gzipped_body_response(request, chunks, stream_above=STREAM_BYTES // GZIP_RATIO)
 
 
-class _Turn:
+class ListTurn:
     """A list's stretch of the event loop since it last handed it back: :meth:`check` hands it
-    back once the stretch has run YIELD_AFTER, unless LIST_HOLDS lets it run on (to HOLD_MAX)."""
+    back once the stretch has run YIELD_AFTER, unless LIST_HOLDS lets it run on (to HOLD_MAX).
+    Every list (:meth:`ListRenderer.pods`, :meth:`ListRenderer.nodes`, the list of every pod in
+    :meth:`kcms.apis.metrics.blocks.NodeBlocks.items`) keeps its turns with one."""
 
     __slots__ = ("since",)
 
@@ -207,6 +209,7 @@ class _Turn:
         self.since = perf_counter()
 
     def begin(self) -> None:
+        """A stretch starts here (the list has its turn back after handing a chunk over)."""
         self.since = perf_counter()
 
     def end(self) -> None:
@@ -215,6 +218,7 @@ class _Turn:
         LIST_HOLDS.add(at - self.since, at)
 
     async def check(self) -> None:
+        """Hand the loop back (one turn) if the stretch has run long enough; see the class."""
         at = perf_counter()
         held = at - self.since
         if held >= YIELD_AFTER and (held >= HOLD_MAX or not LIST_HOLDS.allows(held, at)):
@@ -273,7 +277,7 @@ class ListRenderer:
         text = UsageText(self.texts, TimeFormatter())
         created_json = _dumps(created)
         first = True
-        turn = _Turn()
+        turn = ListTurn()
         for start in range(0, len(pods), SLICE):
             if start:
                 await turn.check()
@@ -324,7 +328,7 @@ class ListRenderer:
         fmt = TimeFormatter()
         created_json = _dumps(created)
         first = True
-        turn = _Turn()
+        turn = ListTurn()
         for start in range(0, len(nodes), SLICE):
             if start:
                 await turn.check()
