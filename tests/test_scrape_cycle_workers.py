@@ -2,7 +2,10 @@
 ``--kubelet-max-in-flight``), by that many workers taking the nodes in turn: against slow TLS
 kubelets on loopback the most requests open at any moment is exactly the bound, every node is
 scraped once a cycle, in the inventory's order, and failures are counted; a cycle of many nodes
-starts that many scrapes, not a task per node."""
+starts that many scrapes, not a task per node. The first cycle scrapes each node that answered
+again once every node has had its first scrape and FIRST_RESCRAPE_DELAY has passed since its own
+(not that long after the whole pass), and again with doubled waits while its kubelet serves the
+same reading."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import time
 import trustme
 
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
-from kcms.collector.scheduler import Collector
+from kcms.collector.scheduler import FIRST_RESCRAPES, Collector
 from kcms.kube.inventory import StaticInventory
 from kcms.model import NodeBatch
 from kcms.sim import SimulatedCluster, render_resource_metrics
@@ -22,13 +25,18 @@ from kcms.sim import SimulatedCluster, render_resource_metrics
 
 class SlowKubelets:
     """One raw TLS server per simulated node: each request is held ``delay`` seconds, then answered
-    with the node's /metrics/resource body (the node ``failing`` answers 500). Records the order
-    requests came in and the most open at once."""
+    with the node's /metrics/resource body (the node ``failing`` answers 500; the nodes ``frozen``
+    serve their first body again and again, as a kubelet between two housekeepings). Records the
+    order and time requests came in and the most open at once."""
 
-    def __init__(self, cluster: SimulatedCluster, ctx: ssl.SSLContext, delay: float, failing: str) -> None:
-        self.cluster, self.ctx, self.delay, self.failing = cluster, ctx, delay, failing
+    def __init__(
+        self, cluster: SimulatedCluster, ctx: ssl.SSLContext, delay: float, failing: str, frozen: frozenset[str] = frozenset()
+    ) -> None:
+        self.cluster, self.ctx, self.delay, self.failing, self.frozen = cluster, ctx, delay, failing, frozen
         self.open = self.most_open = 0
         self.order: list[str] = []
+        self.times: list[tuple[str, float]] = []  # (node, when its request came in)
+        self.bodies: dict[str, bytes] = {}
         self.ports: dict[str, int] = {}
         self.servers: list[asyncio.AbstractServer] = []
 
@@ -45,6 +53,7 @@ class SlowKubelets:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
                 self.order.append(node.name)
+                self.times.append((node.name, time.monotonic()))
                 self.open += 1
                 self.most_open = max(self.most_open, self.open)
                 await asyncio.sleep(self.delay)
@@ -52,7 +61,9 @@ class SlowKubelets:
                 if node.name == self.failing:
                     writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
                 else:
-                    body = render_resource_metrics(node, time.time())
+                    body = self.bodies.get(node.name) or render_resource_metrics(node, time.time())
+                    if node.name in self.frozen:
+                        self.bodies[node.name] = body
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
@@ -66,13 +77,8 @@ class SlowKubelets:
             await server.wait_closed()
 
 
-async def test_a_cycle_keeps_max_in_flight_scrapes_open_and_scrapes_every_node_once(ca: trustme.CA) -> None:
-    cluster = SimulatedCluster(nodes=12, pods_per_node=2, containers_per_pod=1, seed=5)
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
-    failing = cluster.nodes[7].name
-    kubelets = SlowKubelets(cluster, server_ctx, delay=0.15, failing=failing)
-    await kubelets.start()
+def inventory_of(cluster: SimulatedCluster, kubelets: SlowKubelets) -> StaticInventory:
+    """The cluster's nodes and pods, each node's kubelet at its SlowKubelets port on 127.0.0.1."""
     objects = cluster.inventory_objects()
     for obj in objects:
         if obj["kind"] == "Node":
@@ -80,14 +86,32 @@ async def test_a_cycle_keeps_max_in_flight_scrapes_open_and_scrapes_every_node_o
             obj["status"]["daemonEndpoints"] = {
                 "kubeletEndpoint": {"Port": kubelets.ports[obj["metadata"]["name"]]}
             }
-    inventory = StaticInventory(copy.deepcopy(objects))
-    client = KubeletClient(
+    return StaticInventory(copy.deepcopy(objects))
+
+
+def client_for(ca: trustme.CA) -> KubeletClient:
+    return KubeletClient(
         KubeletClientConfig(
             use_node_status_port=True,
             preferred_address_types=("InternalIP",),
             extra_ca_pem=[ca.cert_pem.bytes().decode()],
         )
     )
+
+
+def server_context(ca: trustme.CA) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    return ctx
+
+
+async def test_a_cycle_keeps_max_in_flight_scrapes_open_and_scrapes_every_node_once(ca: trustme.CA) -> None:
+    cluster = SimulatedCluster(nodes=12, pods_per_node=2, containers_per_pod=1, seed=5)
+    failing = cluster.nodes[7].name
+    kubelets = SlowKubelets(cluster, server_context(ca), delay=0.15, failing=failing)
+    await kubelets.start()
+    inventory = inventory_of(cluster, kubelets)
+    client = client_for(ca)
     stored: list[NodeBatch] = []
     collector = Collector(inventory, client, stored.append, resolution=60.0, timeout=30.0, max_in_flight=4)
     try:
@@ -134,3 +158,52 @@ async def test_a_cycle_starts_only_as_many_tasks_as_scrapes_may_run(ca: trustme.
         watcher.cancel()
         await client.close()
     assert max(seen) <= before + 1 + 5 + 1  # the watcher, the workers, the cycle's gather
+
+
+async def test_the_first_cycle_scrapes_each_node_again_after_its_own_scrape_until_its_reading_is_new(
+    ca: trustme.CA,
+) -> None:
+    """One scrape at a time, each held 0.2 s, eight nodes: the first pass takes 1.6 s, by when the
+    nodes scraped first are past their 0.6 s wait, so their rescrapes follow the pass at once (a
+    second pass 0.6 s after the first, as before, left that gap), in the order they are due; no
+    rescrape goes before the pass is done. A node whose kubelet serves the same reading again is
+    scraped again after 1.2 s, then 2.4 s: FIRST_RESCRAPES in all; the failing node is not
+    scraped again. A later cycle scrapes each node once."""
+    cluster = SimulatedCluster(nodes=8, pods_per_node=2, containers_per_pod=1, seed=7)
+    kubelets = SlowKubelets(cluster, server_context(ca), delay=0.2, failing="")
+    await kubelets.start()
+    inventory = inventory_of(cluster, kubelets)
+    names = [n.name for n in inventory.nodes()]
+    failing, frozen = names[7], names[1]  # the pass's last node, and its second
+    kubelets.failing, kubelets.frozen = failing, frozenset({frozen})
+    client = client_for(ca)
+    stored: list[NodeBatch] = []
+    collector = Collector(inventory, client, stored.append, resolution=60.0, timeout=5.0, max_in_flight=1)
+    wait = 0.6
+    try:
+        started = client.decode_turns.clock()
+        failures = await collector.run_cycle(rescrape_after=wait)
+        # the rescrapes' decodes are spread as a cycle's start's are, from the pass's end (>= 1.6 s)
+        assert client.decode_turns.until >= started + 1.6 + collector.resolution / 3
+        order = kubelets.order
+        counts = {n: order.count(n) for n in names}
+        assert counts == {**dict.fromkeys(names, 2), frozen: 1 + FIRST_RESCRAPES, failing: 1}, order
+        assert failures == 1
+        assert order[:8] == names  # every first scrape before any rescrape
+        assert order[8:10] == names[:2]  # then the rescrapes, by when they are due
+        at: dict[str, list[float]] = {}
+        for node, when in kubelets.times:
+            at.setdefault(node, []).append(when)
+        for node in set(names) - {failing}:
+            gaps = [b - a for a, b in zip(at[node], at[node][1:], strict=False)]
+            # each wait (doubled after the same reading) runs from the answer, 0.2 s after the request
+            assert all(g >= 0.2 + wait * 2**i for i, g in enumerate(gaps)), (node, gaps)
+        # the first node's rescrape follows the pass's last answer without a wait of its own
+        assert at[names[0]][1] - (at[names[7]][0] + 0.2) < wait, at
+        assert len(stored) == 2 * 6 + 1 + FIRST_RESCRAPES  # every answer reaches the sink
+        order.clear()
+        assert await collector.run_cycle() == 1
+        assert sorted(order) == sorted(names)  # once each
+    finally:
+        await client.close()
+        await kubelets.stop()

@@ -165,12 +165,17 @@ class KubeletClient:
         ``spread_for`` seconds bodies are decoded at most DECODE_TURN_SECONDS a turn of the event
         loop (DECODE_TURN_SECONDS_STREAMING while a long response streams); after that, as they
         come (a cycle that long is behind: serving no longer slows it)."""
-        self.decode_turns.until = self.decode_turns.clock() + spread_for
+        self.spread_decodes(spread_for)
         self.refresh_credentials()
         self.decode_reuse.new_cycle()
         if self._seen:
             self._pool.forget(self._seen)
         self._seen = set()
+
+    def spread_decodes(self, seconds: float) -> None:
+        """Decode bodies at most DECODE_TURN_SECONDS a turn for the next ``seconds`` (as at the start
+        of a cycle), e.g. for the first cycle's rescrapes, which come all at once after its pass."""
+        self.decode_turns.until = self.decode_turns.clock() + seconds
 
     def endpoint(self, node: NodeInfo) -> tuple[str, int]:
         address = node_address(node, self.config.preferred_address_types)

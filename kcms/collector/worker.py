@@ -142,14 +142,14 @@ class WorkerCollector(Collector):
         self._reporter = reporter
         self.failed: list[tuple[str, str]] = []
 
-    async def run_cycle(self) -> int:
+    async def run_cycle(self, rescrape_after: float | None = None) -> int:
         client: TimedKubeletClient = self.client  # type: ignore[assignment]
         rep = self._reporter
         client.durations = []
         self.failed = []
         started = time.time()
         rep.send(CycleStart(started))
-        failures = await super().run_cycle()
+        failures = await super().run_cycle(rescrape_after)
         rep.send(
             CycleEnd(
                 started,
@@ -165,9 +165,9 @@ class WorkerCollector(Collector):
         rep.rejected, rep.dropped = {}, 0
         return failures
 
-    def _failed(self, node: str, reason: str, message: str) -> bool:  # type: ignore[override]
+    def _failed(self, node: str, reason: str, message: str) -> None:  # type: ignore[override]
         self.failed.append((node, reason))
-        return Collector._failed(node, reason, message)
+        Collector._failed(node, reason, message)
 
 
 def _config(hello: Hello, token: list[str | None]) -> KubeletClientConfig:
