@@ -16,6 +16,7 @@ import time
 
 import trustme
 
+from kcms.collector import scheduler
 from kcms.collector.kubelet import KubeletClient, KubeletClientConfig
 from kcms.collector.scheduler import FIRST_RESCRAPES, Collector
 from kcms.kube.inventory import StaticInventory
@@ -205,5 +206,34 @@ async def test_the_first_cycle_scrapes_each_node_again_after_its_own_scrape_unti
         assert await collector.run_cycle() == 1
         assert sorted(order) == sorted(names)  # once each
     finally:
+        await client.close()
+        await kubelets.stop()
+
+
+async def test_the_loop_stays_live_through_a_first_cycle_longer_than_the_liveness_limit(ca: trustme.CA, monkeypatch) -> None:
+    """/livez's check fails when neither a cycle nor a scrape started within 2 resolutions plus the
+    timeout (3.5 s here). A frozen kubelet keeps the first cycle going for 5.6 s and more (waits of
+    0.6, 1.2 and 2.4 s after its answers), past that limit: the loop is live throughout, as scrapes
+    keep starting, and once the cycle ends too."""
+    monkeypatch.setattr(scheduler, "FIRST_RESCRAPE_DELAY", 0.6)
+    cluster = SimulatedCluster(nodes=4, pods_per_node=2, containers_per_pod=1, seed=9)
+    kubelets = SlowKubelets(cluster, server_context(ca), delay=0.2, failing="")
+    await kubelets.start()
+    inventory = inventory_of(cluster, kubelets)
+    kubelets.frozen = frozenset({next(iter(inventory.nodes())).name})
+    client = client_for(ca)
+    collector = Collector(inventory, client, lambda b: None, resolution=1.0, timeout=1.5, max_in_flight=1)
+    checks: list[tuple[bool, str]] = []
+    collector.start()
+    try:
+        started = time.monotonic()
+        while collector.cycles == 0:
+            checks.append(collector.healthy())
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - started > 2 * collector.resolution + collector.timeout  # past the limit
+        assert all(ok for ok, _ in checks), [c for c in checks if not c[0]][:3]
+        assert collector.healthy()[0]
+    finally:
+        await collector.stop()
         await client.close()
         await kubelets.stop()
