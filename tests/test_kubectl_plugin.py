@@ -591,6 +591,9 @@ def test_sparkline_slots_scale_and_gaps():
     t0 = 1_700_000_000.0
     ramp = [(t0 + 15 * i, float(i)) for i in range(20)]
     assert resolution([ramp]) == 15
+    # right after start: the first point's gap to the next is short of a resolution (13 s: the
+    # first cycle's rescrape, then the next cycle a resolution after the first began)
+    assert resolution([[(t0, 1.0), (t0 + 13, 1.0), (t0 + 28, 1.0)]]) == 15
     axis = Axis(ramp[-1][0], 300, 15)
     line = axis.render(ramp)
     assert len(line) == axis.width == 20

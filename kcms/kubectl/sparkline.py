@@ -34,9 +34,12 @@ def parse_time(text: object) -> float | None:
 
 
 def resolution(series: Iterable[Sequence[tuple[float, float]]]) -> float:
-    """The median spacing of consecutive points over all series (DEFAULT_RESOLUTION without any)."""
+    """The median spacing of consecutive points over all series (DEFAULT_RESOLUTION without any);
+    of two middle gaps, the larger: a node's first two readings come seconds apart at start (its
+    first point, then one a resolution on: 13 and 15 s), which would make the slots narrower while
+    a series has few points."""
     gaps = [b[0] - a[0] for s in series for a, b in zip(s, s[1:], strict=False) if b[0] > a[0]]
-    return statistics.median(gaps) if gaps else DEFAULT_RESOLUTION
+    return statistics.median_high(gaps) if gaps else DEFAULT_RESOLUTION
 
 
 class Axis:

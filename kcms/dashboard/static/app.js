@@ -413,7 +413,12 @@
     for (const n of state.namespaces) if (!have.has(n)) select.appendChild(el("option", { value: n }, n));
 
     // nodes
-    const nodeRows = [...snap.nodes].sort((a, b) => String(a.metadata.name).localeCompare(String(b.metadata.name)));
+    // A stale node is shown missing even while metrics.k8s.io still serves its last reading (stale
+    // after a resolution plus the timeout, dropped after two resolutions): never a frozen value.
+    const isStale = (name) => !!(scrapes.get(name) && scrapes.get(name).stale);
+    const nodeRows = [...snap.nodes]
+      .filter((n) => !isStale(n.metadata.name))
+      .sort((a, b) => String(a.metadata.name).localeCompare(String(b.metadata.name)));
     const names = new Set(nodeRows.map((n) => n.metadata.name));
     const missing = [];
     for (const name of [...(alloc ? alloc.keys() : []), ...scrapes.keys()]) {
