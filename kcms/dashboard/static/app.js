@@ -458,15 +458,13 @@
         cells.push(el("td", { class: "chart-cell" }, sparkline(s.cpu[0], s.xs, COLORS[0], `CPU of ${name}`)));
         cells.push(el("td", { class: "chart-cell" }, sparkline(s.mem[0], s.xs, COLORS[2], `memory of ${name}`)));
       }
-      const st = scrapes.get(name);
-      if (st && st.stale) staleCount++;
       cells.push(el("td", { class: "status" }, nodeStatus(name, true)));
       const row = el("tr", { "data-node": name }, ...cells);
       selectable(row, { kind: "node", name });
       nbody.appendChild(row);
     }
     for (const name of missing) {
-      staleCount += scrapes.get(name) && scrapes.get(name).stale ? 1 : 0;
+      staleCount += isStale(name) ? 1 : 0; // every stale node is here, none among nodeRows
       if (!matches(name)) continue;
       // Absent from metrics.k8s.io (a stale node is reported missing, never with a frozen value);
       // its history until it went silent is still charted.
