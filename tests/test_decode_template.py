@@ -385,6 +385,24 @@ def test_bounded_and_off_in_a_large_cluster() -> None:
     assert len(reuse.templates) == 0
 
 
+def test_a_node_scraped_again_in_a_cycle_counts_once_against_the_bound() -> None:
+    """The first cycle rescrapes every node (up to 3 times with a kubelet serving one reading): the
+    bound is on nodes, so 3 nodes decoded 4 times each in a cycle keep templates on at a bound of 3
+    (counting decodes, 12 > 3 turned them off, and a cluster of 4097-8192 nodes made none)."""
+    reuse = DecodeReuse(max_templates=3)
+    for _ in range(3):
+        reuse.new_cycle()
+        for _ in range(4):
+            for i in range(3):
+                assert outcome(f"n{i}", SMALL, reuse) == outcome(f"n{i}", SMALL)
+    assert reuse.templates.enabled and len(reuse.templates) == 3
+    reuse.new_cycle()
+    for i in range(4):  # a fourth node: over the bound, however the decodes are counted
+        outcome(f"n{i}", SMALL, reuse)
+    reuse.new_cycle()
+    assert not reuse.templates.enabled and len(reuse.templates) == 0
+
+
 def test_templates_made_in_one_cycle_are_bounded() -> None:
     # a large cluster makes its templates over several cycles, not all in one
     reuse = DecodeReuse(max_templates=16)

@@ -311,11 +311,12 @@ def build(text: str) -> Template | None:
 class BodyTemplates:
     """Per-node :class:`Template` s (see the module docstring).
 
-    Only while a cycle decodes at most ``max_nodes`` nodes: a cycle with more disables templates
+    Only while a cycle decodes at most ``max_nodes`` nodes (each counted once, however many times it
+    is scraped: the first cycle rescrapes every node): a cycle with more disables templates
     (and frees them) until a cycle has at most ``max_nodes`` again, so a larger cluster uses no
     memory for them and decodes exactly as before. A template is made at a node's third full
-    decode (not during the first two cycles after start, which decide how soon every node is
-    served), at most ``max_builds`` a cycle. A node whose bodies keep changing shape (a
+    decode (not at its first two, the first cycle's pass and rescrape after start, which decide how
+    soon every node is served), at most ``max_builds`` a cycle. A node whose bodies keep changing shape (a
     template dropped within a few scrapes of being made) waits longer and longer (up to 64
     scrapes) before it is templated again, so that it costs the full decode and little more;
     so does a node whose body does not fit the layout (64 scrapes).
@@ -331,9 +332,11 @@ class BodyTemplates:
         self._backoff: dict[str, int] = {}  # node -> the next wait after an early drop
         # full decodes of each node so far (up to 2): a template is made at a node's third, so the
         # first cycle of a cluster past max_nodes (before a cycle has shown its size) makes none,
-        # and neither does the second, 2 s after the first at start, which makes nodes servable
+        # and neither does the second (the first cycle's rescrape, after its pass), which makes
+        # nodes servable
         self._seen: dict[str, int] = {}
-        self._decoded = 0  # bodies decoded this cycle
+        # nodes decoded this cycle, up to one past max_nodes (enough to know the cycle was over it)
+        self._decoded: set[str] = set()
         self._built = 0  # templates made this cycle
         self.max_nodes = max(0, max_nodes)
         self.max_builds = max_builds
@@ -347,8 +350,8 @@ class BodyTemplates:
     def new_cycle(self) -> None:
         """Forget the templates of nodes not decoded since the previous call; disable (and free)
         them all after a cycle of more than ``max_nodes`` bodies."""
-        self.enabled = 0 < self.max_nodes and self._decoded <= self.max_nodes
-        self._decoded = 0
+        self.enabled = 0 < self.max_nodes and len(self._decoded) <= self.max_nodes
+        self._decoded = set()
         self._built = 0
         self._previous = {} if not self.enabled else self._current
         self._current = {}
@@ -370,8 +373,10 @@ class BodyTemplates:
         self._seen.pop(node, None)
 
     def get(self, node: str) -> Template | None:
-        """``node``'s template (None: none, or templates are disabled); counts the decode."""
-        self._decoded += 1
+        """``node``'s template (None: none, or templates are disabled); counts the node as decoded
+        this cycle."""
+        if len(self._decoded) <= self.max_nodes:
+            self._decoded.add(node)
         if not self.enabled:
             return None
         t = self._current.get(node)
@@ -396,7 +401,7 @@ class BodyTemplates:
     def want(self, node: str) -> bool:
         """Whether to template ``node``'s body just decoded (enabled, room left, builds left this
         cycle, the node's third full decode at least, not waiting)."""
-        if not self.enabled or self._decoded > self.max_nodes or len(self._current) >= self.max_nodes:
+        if not self.enabled or len(self._decoded) > self.max_nodes or len(self._current) >= self.max_nodes:
             return False
         seen = self._seen.get(node, 0)
         if seen < 2:
