@@ -170,6 +170,35 @@ async def test_bytes_sent_to_an_idle_connection_close_it(tls):
         server.close()
 
 
+async def test_a_second_response_in_the_same_read_as_the_first_closes_the_connection(tls):
+    """The same hostile kubelet, but the unasked-for headers come in the very write (one TLS
+    record) that ends the genuine response. Until 1 Dec they were parsed on, the connection was
+    kept, and the next scrape got the first 20 bytes of its answer as the body."""
+    served = []
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            served.append(1)
+            extra = b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n" if len(served) == 1 else b""
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + extra)
+            await writer.drain()
+
+    server, port = await raw_server(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1000)
+    try:
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        await asyncio.sleep(0.1)
+        assert await pool.get("127.0.0.1", port, "/", {}) == (200, b"ok")
+        assert pool.connects == 2 and len(served) == 2
+    finally:
+        pool.close()
+        server.close()
+
+
 @pytest.mark.parametrize(
     "response, reason",
     [

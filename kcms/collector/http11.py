@@ -96,6 +96,7 @@ class _Connection:
         self.chunks: list[bytes] = []
         self.size = 0
         self.got_bytes = False  # any response bytes for the current request
+        self.complete = False  # the current request's response has been parsed whole
         self.headers_done = False
         self.delimited = False  # Content-Length or Transfer-Encoding seen
         self.closed = False
@@ -123,6 +124,11 @@ class _Connection:
                     self.close()  # bytes while no response is awaited: the exchange is out of step
                     return
                 self._received(view[:n])
+                if self.complete and not sock.pending():
+                    # The response is whole: no read just to learn that nothing follows (an
+                    # SSLWantReadError a scrape). Bytes that do follow wake this again, and no
+                    # response is awaited then: the connection is closed.
+                    return
         except ssl.SSLWantReadError:
             return  # all read: wait for the next bytes
         except ssl.SSLWantWriteError:  # a renegotiation (TLS 1.2); kubelets never ask for one
@@ -180,6 +186,12 @@ class _Connection:
         elif name == b"transfer-encoding":
             self.delimited = True
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second response to one request, in the same read as the first: out of step.
+            # Kept, the next request would be answered with its bytes.
+            self.close()
+
     def on_headers_complete(self) -> None:
         self.headers_done = True
 
@@ -191,6 +203,7 @@ class _Connection:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result((self.parser.get_status_code(), b"".join(self.chunks)))
@@ -219,7 +232,7 @@ class _Connection:
                 raise HTTPError("tls", "the server asked for a TLS renegotiation") from None
 
     async def get(self, request: bytes) -> tuple[int, bytes]:
-        self.chunks, self.size, self.got_bytes = [], 0, False
+        self.chunks, self.size, self.got_bytes, self.complete = [], 0, False, False
         self.headers_done = self.delimited = False
         self.header_bytes = self.header_count = 0
         self.waiter = self.loop.create_future()
