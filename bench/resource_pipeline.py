@@ -252,6 +252,11 @@ class Run(ProcessRun):
             time.sleep(max(0.0, (a.settle_cycles - done) * a.resolution - 2.0))
             self.wait_cycles(0, a.settle_cycles)
         self.wait_cycles(read_scrapes(self.client).cycles, 1)
+        # The machine's speed where its CPU is measured (the reference is scaled by it): the loop
+        # timed when the run started could be 15 minutes and 15 % away (34.2 against 39.4 ms in
+        # two runs 5 minutes apart, 1 Dec). Timed here, just after a cycle, and again just after
+        # the window's last one: while KCMS waits for its next tick, not while it scrapes.
+        loop_before = machine_loop_seconds()
         s0 = read_scrapes(self.client)
         cpu0 = tree_cpu_seconds(self.proc)
         mean_wall = s0.cycle_seconds / s0.cycles if s0.cycles > 0 else 1.0
@@ -267,6 +272,7 @@ class Run(ProcessRun):
             if time.monotonic() > deadline:
                 raise SystemExit(f"KCMS did not complete {a.cycles} scrape cycles in time")
             time.sleep(0.25)
+        loop_after = machine_loop_seconds()
         rss, nproc = tree_memory(self.proc)
         pss, _ = tree_memory(self.proc, pss=True)
         cycles = s1.cycles - s0.cycles
@@ -276,9 +282,11 @@ class Run(ProcessRun):
             cpu_mc_per_node=cycle_cpu / a.resolution * 1000 / self.nodes,
             rss_mb=rss / 1e6, pss_mb=pss / 1e6, processes=nproc, rss_mb_per_node=rss / 1e6 / self.nodes,
             quiet_failures=s1.delta(s0),
+            machine_loop_s=(loop_before + loop_after) / 2, machine_loop_quiet_s=[loop_before, loop_after],
         )  # fmt: skip
         log(
             f"{self.nodes} nodes: {self.r['cpu_mc_per_node']:.4f} mcore and {self.r['rss_mb_per_node']:.3f} MB per node"
+            f" (the machine's loop {loop_before * 1000:.1f} ms before the window, {loop_after * 1000:.1f} after)"
         )
 
     # ---- 3. lists -------------------------------------------------------------------------------------
@@ -702,16 +710,17 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()
     version = code_version(args.kcms_root)
-    loop_s = machine_loop_seconds()  # before anything runs: the machine's speed, for the CPU reference
+    loop_s = machine_loop_seconds()  # before anything runs (each size's CPU reference uses its own, see measure_quiet)
     log(f"this machine's Python loop: {loop_s * 1000:.1f} ms (bench/resource_report.py)")
     for n in sizes:
         work = Path(tempfile.mkdtemp(prefix=f"kcms-bench-{n}-"))
         r = Run(args, n, work, ca).run()
-        r["machine_loop_s"] = loop_s
+        r["machine_loop_start_s"] = loop_s
+        r.setdefault("machine_loop_s", loop_s)  # the loop around the quiet window, which scales the CPU reference
         results.append(r)
         print("\n".join(raw_lines(r)), flush=True)
     print()
-    print("\n".join(reference_lines(sizes, loop_s)))
+    print("\n".join(reference_lines(sizes, loop_s, {r["nodes"]: r["machine_loop_s"] for r in results})))
     table = markdown_table(results)
     print()
     print(

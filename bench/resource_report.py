@@ -221,13 +221,22 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def reference_lines(sizes: list[int], loop_s: float | None = None) -> list[str]:
+def reference_lines(sizes: list[int], loop_s: float | None = None, loops: dict[int, float] | None = None) -> list[str]:
+    """The reference's lines; ``loops``: each size's loop time around its quiet phase, which scales
+    its CPU reference (``loop_s``, timed at the start, where a size has none)."""
     out = []
+    loops = loops or {}
     if loop_s:
         out.append(
-            f"this machine: loop {loop_s * 1000:.1f} ms (machine_loop_seconds; {KCMS_AT_ISSUE_LOOP_S * 1000:.1f} ms "
+            f"this machine: loop {loop_s * 1000:.1f} ms at the start (machine_loop_seconds; {KCMS_AT_ISSUE_LOOP_S * 1000:.1f} ms "
             f"where KCMS at the issue was measured): CPU references x {loop_s / KCMS_AT_ISSUE_LOOP_S:.2f}"
         )
+    for n in sizes:
+        if n in loops:
+            out.append(
+                f"{n} nodes: loop {loops[n] * 1000:.1f} ms around the quiet phase (the mean of one timing just before "
+                f"and one just after): its CPU reference x {loops[n] / KCMS_AT_ISSUE_LOOP_S:.2f}"
+            )
     for n in sizes:
         if n not in ISSUE:
             out.append(f"reference {n} nodes: none (issue 9 measured 50, 1000 and 5000 nodes)")
@@ -236,7 +245,7 @@ def reference_lines(sizes: list[int], loop_s: float | None = None) -> list[str]:
         for key in ("cpu_mc_per_node", "rss_mb_per_node"):
             runs = KCMS_AT_ISSUE_RUNS[n][key]
             parts.append(
-                f"{key} {_num(reference(n, key, loop_s), 3)} (= KCMS at the issue {_num(_median(runs), 3)} "
+                f"{key} {_num(reference(n, key, loops.get(n, loop_s)), 3)} (= KCMS at the issue {_num(_median(runs), 3)} "
                 f"[{len(runs)} runs] / ratio {ISSUE_RATIOS[n][key]}; guide {GUIDE[key][0]}-{GUIDE[key][1]})"
             )
         for key in ("t95_nodes_s", "list_nodes_ms", "list_pods_ms", "hpa_ms", "pods_served_pct"):

@@ -121,6 +121,11 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
         assert r["load"]["scrapes_failed"] + r["load"]["scrapes_succeeded"] >= r["nodes"] * 2
         assert r["cpu_mc_per_node"] > 0 and r["rss_mb_per_node"] > 0 and r["processes"] >= 1
         assert r["quiet_from_cycle"] >= 3  # CPU measured once KCMS had settled (--settle-cycles)
+        # the CPU reference is scaled by the machine's loop timed around the quiet window, not at the start
+        before, after = r["machine_loop_quiet_s"]
+        assert 0 < before < 10 and 0 < after < 10 and r["machine_loop_start_s"] > 0
+        assert r["machine_loop_s"] == pytest.approx((before + after) / 2)
+        assert f"{r['nodes']} nodes: loop {r['machine_loop_s'] * 1000:.1f} ms around the quiet phase" in out.stdout
         # the list of every pod and its floor, taken wholly between two scrape cycles (a cycle of
         # 2-3 nodes lasts milliseconds: one wholly during it is rare, and not asserted)
         between = r["by_cycle"]["between"]
@@ -170,6 +175,10 @@ def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
     assert f"| CPU per node, KCMS / metrics-server | 0.030 / {cpu_ref:.3f} mcore" in table, table
     r["machine_loop_s"] = slow
     assert f"0.030 / {2 * cpu_ref:.3f} mcore" in rr.markdown_table([r])
+    # the reference lines scale each size by its own loop where one was timed, else the start's
+    lines = "\n".join(rr.reference_lines([50, 1000], rr.KCMS_AT_ISSUE_LOOP_S, {1000: slow}))
+    assert f"cpu_mc_per_node {2 * cpu_ref:.3f} " in lines and f"cpu_mc_per_node {cpu_ref:.3f} " not in lines, lines
+    assert f"cpu_mc_per_node {rr.reference(50, 'cpu_mc_per_node'):.3f} " in lines, lines
     assert "| list all pods (Accept-Encoding gzip) | 818 / 1 636 ms (0.50x), 30 000 pods, 9.0 MB |" in table, table
     assert "| list all pods / socket-write floor (gzip) | 8.2x (floor 100 ms); to the last byte 6.0x (300 / 50 ms) |" in table, table
 

@@ -19,7 +19,9 @@ response (measured on this machine, 50 connections).
 
 Scope: GET only, no redirects, no proxies, identity encoding; one request at a time per
 connection. A request cancelled mid-way (its deadline passed) closes its connection, since the
-connection's state is then unknown.
+connection's state is then unknown. Bytes after a whole response (the head of a second one, in the
+same read or later) close the connection once the response is handed over: nothing was asked for,
+and kept they would be read as the start of the next answer.
 
 Response limits (a kubelet is a node, and a node may be compromised): the status line and headers
 together at most ``max_header_bytes`` (default :data:`MAX_HEADER_BYTES`, 1 MiB) and at most
