@@ -388,7 +388,8 @@ def test_bounded_and_off_in_a_large_cluster() -> None:
 def test_a_node_scraped_again_in_a_cycle_counts_once_against_the_bound() -> None:
     """The first cycle rescrapes every node (up to 3 times with a kubelet serving one reading): the
     bound is on nodes, so 3 nodes decoded 4 times each in a cycle keep templates on at a bound of 3
-    (counting decodes, 12 > 3 turned them off, and a cluster of 4097-8192 nodes made none)."""
+    (counted as decodes, 12 > 3 turned them off for a cycle, as the first cycle's rescrapes did in a
+    cluster of 4097-16384 nodes at the bound of 16384)."""
     reuse = DecodeReuse(max_templates=3)
     for _ in range(3):
         reuse.new_cycle()

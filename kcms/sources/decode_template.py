@@ -349,7 +349,7 @@ class BodyTemplates:
 
     def new_cycle(self) -> None:
         """Forget the templates of nodes not decoded since the previous call; disable (and free)
-        them all after a cycle of more than ``max_nodes`` bodies."""
+        them all after a cycle that decoded more than ``max_nodes`` nodes."""
         self.enabled = 0 < self.max_nodes and len(self._decoded) <= self.max_nodes
         self._decoded = set()
         self._built = 0
