@@ -73,7 +73,8 @@ def reference(body: bytes, positions: list[int], kinds: list[int], ntok: int, wa
                 times.append(int(tok) / 1000.0)
             elif kind == NODE_TS:
                 node[1] = int(tok) / 1000.0
-    return cpu, times, memory, (None if node[0] is None else node)
+    bounds = tuple(f(column) if column else None for column in (cpu, memory, times) for f in (min, max))
+    return cpu, times, memory, (None if node[0] is None else node), bounds
 
 
 _SPELLINGS = ["{!r}", "{:.6f}", "{:.7e}", "{:.9e}", "{:.17g}", "{:.0f}", "{:.3f}", "{:.12f}", "{:g}"]
@@ -166,6 +167,7 @@ def test_ordinary_numbers_are_read_in_c_not_left_to_python() -> None:
         [1795810156.113],
         [531804160],
         [2858731628547, 1795810156.114, 283717632],
+        (7461718043847824, 7461718043847824, 531804160, 531804160, 1795810156.113, 1795810156.113),
     )
 
 
@@ -173,7 +175,9 @@ def test_wrong_arguments_raise_and_misfits_are_none() -> None:
     tokens = [b"a", b"1", b"\nb", b"2", b"c"]
     body, positions = join(tokens), array("I", [1, 3]).tobytes()
     h = _bodyscan.constant_hash(body, 5, positions)
-    assert _bodyscan.read(body, 5, positions, bytes([MEM, MEM]), h) == ([], [], [1, 2], None)
+    assert _bodyscan.read(body, 5, positions, bytes([MEM, MEM]), h) == (
+        [], [], [1, 2], None, (None, None, 1, 2, None, None)
+    )
     for bad in ((body, 5, positions[:-1], b"\x03\x03", h), (body, 5, positions, b"\x03", h),
                 (body, 5, positions, b"\x03\x09", h), ("text", 5, positions, b"\x03\x03", h),
                 (body, 5, positions, b"\x05\x03", h)):  # fmt: skip
@@ -188,7 +192,7 @@ def test_wrong_arguments_raise_and_misfits_are_none() -> None:
     assert _bodyscan.read(body.replace(b"c", b"d"), 5, positions, bytes([MEM, MEM]), h) is None
     assert _bodyscan.read(body.replace(b"2", b"NaN"), 5, positions, bytes([MEM, MEM]), h) is False
     assert _bodyscan.constant_hash(body, 6, positions) is None
-    assert _bodyscan.read(b"", 1, b"", b"", _bodyscan.constant_hash(b"", 1, b"")) == ([], [], [], None)
+    assert _bodyscan.read(b"", 1, b"", b"", _bodyscan.constant_hash(b"", 1, b"")) == ([], [], [], None, (None,) * 6)
 
 
 _ORDINARY = [b"2.5", b"3.5", b"0.5", b"1234568.5", b"71817221.4999999927", b"28865562.5000000025", b"0",

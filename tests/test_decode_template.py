@@ -192,8 +192,10 @@ def test_the_c_reader_is_built_and_reads_the_kubelets_bodies(reader) -> None:
         if template.scan is not None:
             got = _bodyscan.read(after, template.ntok, *template.scan)
             assert got is not None and got is not False
-            cpu_ns, times, memory, node = got
+            cpu_ns, times, memory, node, bounds = got
             assert len(cpu_ns) == len(times) == len(memory) == template.n and node is not None
+            # each column's (min, max), which the screening then takes instead of min() and max()
+            assert bounds == (min(cpu_ns), max(cpu_ns), min(memory), max(memory), min(times), max(times))
 
 
 def test_a_templated_scrapes_columns_are_not_walked_by_the_cyclic_collector(reader) -> None:

@@ -49,6 +49,7 @@ class Acc:
         "names_checked",
         "node",
         "reuse",
+        "bounds",
     )
 
     def __init__(self, now: float, node: str = "", reuse: DecodeReuse | None = None) -> None:
@@ -71,6 +72,9 @@ class Acc:
         # the node and its DecodeReuse, which keeps where its pods lie (PodPlaces) across scrapes
         self.node = node
         self.reuse = reuse
+        # (min, max) of the CPU, memory and timestamp columns, when the C reader gave them
+        # (template_batch): the screening then takes no min() or max() of its own
+        self.bounds: tuple[Any, ...] | None = None
 
     def table(self, fam: str) -> dict[tuple[str, str, str], Any]:
         """The family's table, with any fast-path columns merged in (first occurrence wins)."""
@@ -100,8 +104,10 @@ def template_batch(
     mem: list[int],
     node_cpu: tuple[int, float] | None,
     node_mem: int | None,
+    bounds: tuple[Any, ...] | None = None,
 ) -> NodeBatch:
-    """The batch of a body read from template ``t`` (the numbers read, in series order)."""
+    """The batch of a body read from template ``t`` (the numbers read, in series order);
+    ``bounds``: the columns' (min, max) as the C reader gives them, or None."""
     acc = Acc(now, node, reuse)
     sig = t.signature
     acc.columns = {
@@ -114,6 +120,7 @@ def template_batch(
     acc.scrape_error = t.scrape_error
     acc.recognised = t.recognised
     acc.names_checked = True  # every name of a template is within MAX_NAME_LENGTH
+    acc.bounds = bounds
     return assemble(node, acc)
 
 
@@ -143,7 +150,8 @@ def _assemble_aligned(acc: Acc, batch: NodeBatch) -> Columns | None:
     # in pods' order: pod by pod, container by container
     readings = _untracked(places.in_pod_order(list(map(ResourcePoint, start[3], times, cpu_ns, memory))), ResourcePoint)
     columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings, places)
-    if not (0 in cpu_ns or 0 in memory):
+    bounds = acc.bounds
+    if not (0 in (bounds[0], bounds[2]) if bounds is not None else 0 in cpu_ns or 0 in memory):
         # every series is one container of the batch's pods: what the store compares a column at a time
         batch.columns = columns
         batch.pods = None  # type: ignore[assignment]  # made from the columns when read
@@ -163,7 +171,7 @@ def _assemble_aligned(acc: Acc, batch: NodeBatch) -> Columns | None:
 
 
 def _screened_aligned(
-    batch: NodeBatch, cols: Columns, latest: float, names_checked: bool = False
+    batch: NodeBatch, cols: Columns, latest: float, names_checked: bool = False, bounds: tuple[Any, ...] | None = None
 ) -> dict[str, int] | None:
     """:func:`kcms.sources.bounds.screen_batch` for a batch built by :func:`_assemble_aligned`, a column
     at a time: the counts if every container is within the bounds (then only the node point can be
@@ -173,15 +181,20 @@ def _screened_aligned(
     ``now``); what is left is the upper bounds and the name lengths (~4 us instead of ~10 for 60
     containers). Zero-value pods were dropped before, as screen_batch sees them. ``names_checked``: the
     names are a reused start-time block's, already checked (the families line up: the same labels).
+    ``bounds``: the columns' (min, max) as the C reader gave them (:func:`template_batch`); without
+    them, or with a column's missing, they are taken here.
     """
     namespaces, names, containers, cpu_ns, times, memory = cols
     if not cpu_ns:
         return None
+    if bounds is None or None in bounds:
+        bounds = (None, max(cpu_ns), None, max(memory), min(times), max(times))  # type: ignore[type-var]
+    _, max_cpu, _, max_memory, min_time, max_time = bounds
     if not (
-        0 < min(times)
-        and max(times) <= latest
-        and max(cpu_ns) <= MAX_CPU_NS
-        and max(memory) <= MAX_MEMORY_BYTES  # type: ignore[type-var]
+        0 < min_time
+        and max_time <= latest
+        and max_cpu <= MAX_CPU_NS
+        and max_memory <= MAX_MEMORY_BYTES
         and (names_checked or max(map(len, containers)) <= MAX_NAME_LENGTH)
         and (names_checked or max(map(len, names)) <= MAX_NAME_LENGTH)
         and (names_checked or max(map(len, namespaces)) <= MAX_NAME_LENGTH)
@@ -241,7 +254,7 @@ def assemble(node: str, acc: Acc) -> NodeBatch:
 
     # Future, absurd or oversized readings are refused one by one (the rest of the node is kept).
     latest = limits.future_limit(max(time.time(), acc.now))
-    counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked)
+    counts = None if aligned is None else _screened_aligned(batch, aligned, latest, acc.names_checked, acc.bounds)
     if counts is None:
         batch.columns = None  # columns only for a batch whose every container is kept
         counts = screen_batch(batch, latest)

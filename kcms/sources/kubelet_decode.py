@@ -319,13 +319,16 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
         if got is None:
             return None
         if got is not False:
-            cpu_ns, times, mem, read_node = got  # read_node: [cpu ns, seconds or None, bytes] or None
+            # read_node: [cpu ns, seconds or None, bytes] or None; bounds: (min, max) of each column
+            cpu_ns, times, mem, read_node, bounds = got
             node_cpu = node_mem = None
             if read_node is not None:
                 node_cpu = (read_node[0], now if read_node[1] is None else read_node[1])
                 node_mem = read_node[2]
-            times = times if t.stamped else [now] * t.n
-            return template_batch(node, now, t, reuse, cpu_ns, times, mem, node_cpu, node_mem)
+            if not t.stamped:
+                times = [now] * t.n
+                bounds = bounds[:4] + ((now, now) if t.n else (None, None))
+            return template_batch(node, now, t, reuse, cpu_ns, times, mem, node_cpu, node_mem, bounds)
     vt = t.numbers(body)
     # an empty token (a line ending "V " keeps the token count) is no number either
     if vt is None or b"" in vt:
