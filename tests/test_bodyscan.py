@@ -1,8 +1,8 @@
 """kcms/sources/_bodyscan.c on its own, against a reference written here in plain Python: random
 token lists with random numbers (the kubelet's spellings and hostile ones) in random places, and
 random edits of the constant text. What it reads must be the reference's to the bit; None must
-mean the constant part differs; False (left to the Python reader) is always allowed, but must be
-rare for ordinary numbers. Wrong arguments raise instead of reading out of bounds.
+mean exactly that the constant part differs; False (left to the Python reader) is always allowed,
+but must be rare for ordinary numbers. Wrong arguments raise instead of reading out of bounds.
 (tests/test_decode_template.py checks it end to end, against the full decoder.)"""
 
 from __future__ import annotations
@@ -38,6 +38,26 @@ def constant_part(tokens: list[bytes], positions: list[int]) -> bytes:
         if k not in places:
             out.append(tok)
     return b"".join(out)
+
+
+def runs(tokens: list[bytes], positions: list[int]) -> list[int]:
+    """The lengths of the constant runs of bytes before each token at ``positions`` and after the
+    last (what ``_bodyscan.layout`` gives as uint16)."""
+    offsets, at = [], 0
+    for k, tok in enumerate(tokens):
+        if k and not tok.startswith(b"\n"):
+            at += 1
+        offsets.append((at, at + len(tok)))
+        at += len(tok)
+    out, prev = [], 0
+    for p in positions:
+        out.append(offsets[p][0] - prev)
+        prev = offsets[p][1]
+    return [*out, at - prev]
+
+
+def laid_out(body: bytes, ntok: int, positions: list[int]) -> tuple[bytes, int] | None:
+    return _bodyscan.layout(body, ntok, array("I", positions).tobytes())
 
 
 def reference(body: bytes, positions: list[int], kinds: list[int], ntok: int, want: bytes):
@@ -112,13 +132,19 @@ def test_read_is_the_references_reading_to_the_bit(data) -> None:
         if len(kinds) >= 2:
             kinds[0], kinds[-1] = NODE_CPU, NODE_MEM
     for p in positions:  # a token that starts a line may be variable too (a kubelet's never is)
-        tokens[p] = data.draw(st.sampled_from([b"1", b"1", b"\n1"]))
+        tokens[p] = data.draw(st.sampled_from([b"1", b"1", b"1", b"1", b"\n1"]))
     tokens[0] = tokens[0].lstrip(b"\n")
     template = join(tokens)
-    cpos = array("I", positions).tobytes()
     want = constant_part(tokens, positions)
-    h = _bodyscan.constant_hash(template, len(tokens), cpos)
-    assert h == hash(want)
+    laid = laid_out(template, len(tokens), positions)
+    # C takes only templates whose numbers do not start a line (the kubelet's): others are Python's
+    if any(tokens[p].startswith(b"\n") for p in positions):
+        assert laid is None
+        return
+    assert laid is not None
+    segments, h = laid
+    assert array("H", segments).tolist() == runs(tokens, positions)
+    assert _bodyscan.read(template, segments, bytes(kinds), h) is not None  # its own constant part
     for p in positions:  # the next body: other numbers in the variable places
         tokens[p] = data.draw(numbers)
     if data.draw(st.booleans()) and tokens:  # and sometimes an edited constant
@@ -127,28 +153,31 @@ def test_read_is_the_references_reading_to_the_bit(data) -> None:
     tokens[0] = tokens[0].lstrip(b"\n")
     body = join(tokens)
     assert body.replace(b"\n", b" \n").split(b" ") == tokens
-    got = _bodyscan.read(body, len(tokens), cpos, bytes(kinds), h)
+    got = _bodyscan.read(body, segments, bytes(kinds), h)
     expected = reference(body, positions, kinds, len(tokens), want)
-    if got is None:
-        assert expected is None
-    elif got is not False:
+    assert (got is None) == (expected is None)
+    if got is not None and got is not False:
         assert got == expected
 
 
-def test_a_token_that_starts_a_line_is_cut_with_its_newline_wherever_it_lies() -> None:
+def test_the_cut_is_the_same_wherever_the_delimiters_lie() -> None:
     """A newline starts the token after it; a blank does not. Cut both ways at every offset of a
-    long body (C compares 16 bytes at a time, then walks the last few one by one)."""
+    long body (C compares 16 bytes at a time, then walks the last few one by one; the hash reads
+    8 and 16 bytes at a time, then the last 1 to 16)."""
     for pad in range(40):
-        tokens = [b"a" * pad, b"7", b"\n8", b"b", b"\n", b"9", b"\nc"]
-        positions = [1, 2, 5]
-        cpos = array("I", positions).tobytes()
+        tokens = [b"a" * pad, b"7", b"8", b"\nb" + b"c" * pad, b"\n", b"9", b"\nc"]
         body = join(tokens)
-        h = _bodyscan.constant_hash(body, len(tokens), cpos)
-        assert h == hash(constant_part(tokens, positions)), pad
-        # "\n8" is a variable token with its newline, not a number: left to the Python reader
-        assert _bodyscan.read(body, len(tokens), cpos, bytes([MEM, MEM, MEM]), h) is False, pad
-        tokens[2] = b"8"  # the same place without the newline: another constant part
-        assert _bodyscan.constant_hash(join(tokens), len(tokens), cpos) != h, pad
+        laid = laid_out(body, len(tokens), [1, 2, 5])
+        assert laid is not None and array("H", laid[0]).tolist() == runs(tokens, [1, 2, 5]), pad
+        assert _bodyscan.read(body, laid[0], bytes([MEM, MEM, MEM]), laid[1])[2] == [7, 8, 9], pad
+        for at in range(len(body)):  # any one byte of the constant part changed: another one
+            if body[at : at + 1] not in b"789":
+                edited = body[:at] + (b"_" if body[at : at + 1] != b"_" else b"-") + body[at + 1 :]
+                assert _bodyscan.read(edited, laid[0], bytes([MEM, MEM, MEM]), laid[1]) is None, (pad, at)
+        # a variable token that starts a line (never a kubelet's number): the Python reader's
+        tokens[2] = b"\n8"
+        assert laid_out(join(tokens), len(tokens), [1, 2, 5]) is None, pad
+        assert _bodyscan.read(join(tokens), laid[0], bytes([MEM, MEM, MEM]), laid[1]) is None, pad
 
 
 def test_ordinary_numbers_are_read_in_c_not_left_to_python() -> None:
@@ -157,12 +186,10 @@ def test_ordinary_numbers_are_read_in_c_not_left_to_python() -> None:
               b"\ncontainer_memory_working_set_bytes{}", b"5.3180416e+08", b"1795810156113",
               b"\nnode_cpu_usage_seconds_total", b"2858.731628547", b"1795810156114",
               b"\nnode_memory_working_set_bytes", b"283717632", b"1795810156114", b"\n"]  # fmt: skip
-    positions = [2, 3, 5, 6, 8, 9, 11, 12]
     kinds = bytes([CPU, CPU_TS, MEM, TS, NODE_CPU, NODE_TS, NODE_MEM, TS])
     body = join(tokens)
-    cpos = array("I", positions).tobytes()
-    got = _bodyscan.read(body, len(tokens), cpos, kinds, _bodyscan.constant_hash(body, len(tokens), cpos))
-    assert got == (
+    segments, h = laid_out(body, len(tokens), [2, 3, 5, 6, 8, 9, 11, 12])
+    assert _bodyscan.read(body, segments, kinds, h) == (
         [7461718043847824],
         [1795810156.113],
         [531804160],
@@ -173,26 +200,37 @@ def test_ordinary_numbers_are_read_in_c_not_left_to_python() -> None:
 
 def test_wrong_arguments_raise_and_misfits_are_none() -> None:
     tokens = [b"a", b"1", b"\nb", b"2", b"c"]
-    body, positions = join(tokens), array("I", [1, 3]).tobytes()
-    h = _bodyscan.constant_hash(body, 5, positions)
-    assert _bodyscan.read(body, 5, positions, bytes([MEM, MEM]), h) == (
-        [], [], [1, 2], None, (None, None, 1, 2, None, None)
-    )
-    for bad in ((body, 5, positions[:-1], b"\x03\x03", h), (body, 5, positions, b"\x03", h),
-                (body, 5, positions, b"\x03\x09", h), ("text", 5, positions, b"\x03\x03", h),
-                (body, 5, positions, b"\x05\x03", h)):  # fmt: skip
-        with pytest.raises((ValueError, TypeError)):
+    body = join(tokens)
+    segments, h = laid_out(body, 5, [1, 3])
+    assert _bodyscan.read(body, segments, bytes([MEM, MEM]), h) == ([], [], [1, 2], None, (None, None, 1, 2, None, None))
+    for bad in ((body, segments[:-2], b"\x03\x03", h), (body, segments, b"\x03", h),
+                (body, segments, b"\x03\x09", h), ("text", segments, b"\x03\x03", h),
+                (body, segments, b"\x05\x03", h), (body, segments + b"\x00", b"\x03\x03", h),
+                (body, segments, b"\x03\x03", -1)):  # fmt: skip
+        with pytest.raises((ValueError, TypeError, OverflowError)):
             _bodyscan.read(*bad)
-    assert _bodyscan.read(body + b" 1", 5, positions, bytes([MEM, MEM]), h) is None  # a token more
-    assert _bodyscan.read(body, 4, positions, bytes([MEM, MEM]), h) is None
-    assert (
-        _bodyscan.read(body, 5, array("I", [3, 1]).tobytes(), bytes([MEM, MEM]), h) is None
-    )  # not ascending
-    assert _bodyscan.read(body, 5, array("I", [1, 9]).tobytes(), bytes([MEM, MEM]), h) is None  # past the end
-    assert _bodyscan.read(body.replace(b"c", b"d"), 5, positions, bytes([MEM, MEM]), h) is None
-    assert _bodyscan.read(body.replace(b"2", b"NaN"), 5, positions, bytes([MEM, MEM]), h) is False
-    assert _bodyscan.constant_hash(body, 6, positions) is None
-    assert _bodyscan.read(b"", 1, b"", b"", _bodyscan.constant_hash(b"", 1, b"")) == ([], [], [], None, (None,) * 6)
+    assert _bodyscan.read(body + b" 1", segments, bytes([MEM, MEM]), h) is None  # a token more
+    assert _bodyscan.read(body[:-1], segments, bytes([MEM, MEM]), h) is None  # a byte less
+    assert _bodyscan.read(body.replace(b"c", b"d"), segments, bytes([MEM, MEM]), h) is None
+    assert _bodyscan.read(body, segments, bytes([MEM, MEM]), h ^ 1) is None  # another template's hash
+    for runs_ in ([60000, 0, 0], [2, 60000, 1], [0, 0, 0], [65535] * 3):  # lengths past the body: no read
+        assert _bodyscan.read(body, array("H", runs_).tobytes(), bytes([MEM, MEM]), h) is None
+    assert _bodyscan.read(body.replace(b"2", b"NaN"), segments, bytes([MEM, MEM]), h) is False
+    assert laid_out(body, 4, [1, 3]) is None  # not that many tokens
+    assert laid_out(body, 6, [1, 3]) is None
+    assert laid_out(body, 5, [3, 1]) is None  # not ascending
+    assert laid_out(body, 5, [1, 9]) is None  # past the end
+    first = laid_out(body, 5, [0, 3])  # the first token, variable too
+    assert first is not None and _bodyscan.read(b"7" + body[1:], first[0], bytes([MEM, MEM]), first[1])[2] == [7, 2]
+    assert laid_out(body, 5, [1, 2]) is None  # "\nb" starts a line
+    assert laid_out(join([b"x", b"", b"\n1", b"y"]), 4, [2]) is None  # so does "\n1", after a blank
+    long = join([b"a", b"1", b"b" * 70000, b"2"])
+    assert laid_out(long, 4, [1, 3]) is None  # a run of 64 KiB or more
+    with pytest.raises(ValueError):
+        _bodyscan.layout(body, 5, b"\x01\x00\x00")
+    empty = laid_out(b"", 1, [])
+    assert _bodyscan.read(b"", empty[0], b"", empty[1]) == ([], [], [], None, (None,) * 6)
+    assert _bodyscan.read(b"x", empty[0], b"", empty[1]) is None
 
 
 _ORDINARY = [b"2.5", b"3.5", b"0.5", b"1234568.5", b"71817221.4999999927", b"28865562.5000000025", b"0",
@@ -206,9 +244,8 @@ def test_each_number_alone_reads_as_the_reference(token, kind) -> None:
     """Every spelling in every role, one at a time (no other refusal in the body to hide it);
     the ordinary ones are read by C, not left to Python."""
     tokens = [b"x", token, b"\ny"]
-    cpos = array("I", [1]).tobytes()
-    h = _bodyscan.constant_hash(join(tokens), 3, cpos)
-    got = _bodyscan.read(join(tokens), 3, cpos, bytes([kind]), h)
+    segments, h = laid_out(join([b"x", b"1", b"\ny"]), 3, [1])
+    got = _bodyscan.read(join(tokens), segments, bytes([kind]), h)
     expected = reference(join(tokens), [1], [kind], 3, constant_part(tokens, [1]))
     if got is not False:
         assert got == expected

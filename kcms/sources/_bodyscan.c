@@ -12,9 +12,13 @@
 
    Tokens are those of body.replace(b"\n", b" \n").split(b" "): a blank ends a token, a newline
    ends one and starts the next. The constant part of a body is the body without the bytes of
-   its variable tokens; its hash is Python's own bytes hash (keyed SipHash), as for the tuple of
-   constant tokens in the Python path. With the token count equal, two bodies have the same
-   constant part exactly when their constant tokens are the same.
+   its variable tokens. layout() walks a template body's tokens once and keeps the lengths of the
+   constant runs between its variable tokens, and their hash (segment_hash); read() then takes
+   each run of a new body by its length, hashes it, and cuts the token after it up to the next
+   blank or newline, without walking the other ~440 tokens. Where no variable token starts a line
+   (layout() refuses other templates), each follows a blank or is the first, and the runs hash the
+   same exactly when the Python path's check holds: as many tokens, the same constant tokens
+   (tests/test_bodyscan.py checks both ways against a reference).
 
    Kinds of a variable token (in text order):
      0 another family's number: must read as float() reads it; nothing returned
@@ -241,17 +245,14 @@ has_delimiter(const char *p)
    ends it (the end of the body counts as a blank at len). -1 when the walk must stop: more than
    ntok tokens, or positions that do not ascend. */
 struct walk {
-    Py_ssize_t tok, start, copied_to, out, next, want;
+    Py_ssize_t tok, start, next, want;
 };
 
 static inline int
-walk_delimiter(struct walk *w, const char *body, Py_ssize_t i, char c, Py_ssize_t ntok, const uint32_t *pos,
-               Py_ssize_t npos, char *constant, Py_ssize_t *starts, Py_ssize_t *ends)
+walk_delimiter(struct walk *w, Py_ssize_t i, char c, Py_ssize_t ntok, const uint32_t *pos, Py_ssize_t npos,
+               Py_ssize_t *starts, Py_ssize_t *ends)
 {
     if (w->tok == w->want) {
-        memcpy(constant + w->out, body + w->copied_to, (size_t)(w->start - w->copied_to));
-        w->out += w->start - w->copied_to;
-        w->copied_to = i;
         starts[w->next] = w->start;
         ends[w->next] = i;
         w->next++;
@@ -270,16 +271,16 @@ walk_delimiter(struct walk *w, const char *body, Py_ssize_t i, char c, Py_ssize_
     return 0;
 }
 
-/* Walk the tokens: the constant part into `constant` (a buffer of len bytes), each variable
-   token's span into starts/ends. 0 when the body has exactly ntok tokens and the positions
-   ascend and are all within it. Where SSE2 is (every x86-64), 16 bytes are compared at once
-   and each delimiter found from the mask; elsewhere, 8 at a time (has_delimiter). The simulator's
-   31 kB body: constant_hash 18.0 -> 9.3 us in a loop, read 27.4 -> 18.9 (28 Nov). */
+/* Walk a template body's tokens: each variable token's span into starts/ends. 0 when the body
+   has exactly ntok tokens and the positions ascend and are all within it. Where SSE2 is (every
+   x86-64), 16 bytes are compared at once and each delimiter found from the mask; elsewhere, 8 at
+   a time (has_delimiter). Only layout() walks tokens: a template's next bodies are read by their
+   segments' lengths (walk_segments). */
 static int
-cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_ssize_t npos, char *constant,
-    Py_ssize_t *constant_len, Py_ssize_t *starts, Py_ssize_t *ends)
+cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_ssize_t npos, Py_ssize_t *starts,
+    Py_ssize_t *ends)
 {
-    struct walk w = {0, 0, 0, 0, 0, npos ? (Py_ssize_t)pos[0] : -1};
+    struct walk w = {0, 0, 0, npos ? (Py_ssize_t)pos[0] : -1};
     Py_ssize_t i = 0;
 #ifdef __SSE2__
     const __m128i blanks = _mm_set1_epi8(' '), newlines = _mm_set1_epi8('\n');
@@ -290,7 +291,7 @@ cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_s
         while (mask) {
             Py_ssize_t at = i + __builtin_ctz(mask);
             mask &= mask - 1;
-            if (walk_delimiter(&w, body, at, body[at], ntok, pos, npos, constant, starts, ends) < 0)
+            if (walk_delimiter(&w, at, body[at], ntok, pos, npos, starts, ends) < 0)
                 return -1;
         }
     }
@@ -303,84 +304,192 @@ cut(const char *body, Py_ssize_t len, Py_ssize_t ntok, const uint32_t *pos, Py_s
             i++;
             continue;
         }
-        if (walk_delimiter(&w, body, i, c, ntok, pos, npos, constant, starts, ends) < 0)
+        if (walk_delimiter(&w, i, c, ntok, pos, npos, starts, ends) < 0)
             return -1;
         if (i >= len)
             break;
         i++;
     }
-    if (w.tok != ntok || w.next != npos)
+    return w.tok == ntok && w.next == npos ? 0 : -1;
+}
+
+/* The hash of a body's constant part: the bytes between its variable tokens, segment by segment.
+   Ours, because of what it replaced: copying the constant part into a bytes object and taking
+   Python's hash() of it (SipHash-1-3), plus walking every token to find the variable ones, was
+   ~175 000 instructions of a scrape's ~910 000 (callgrind, 1 Dec); this is two loads, two xors
+   and a 64 x 64 -> 128-bit multiplication a 16 bytes. It is keyed (from Python's own hash key, so
+   PYTHONHASHSEED fixes it too) against accidental collisions only: a kubelet that made one could
+   only have its own numbers read with the labels of its own last body, which it can send anyway
+   (see kcms/sources/decode_template.py). */
+static uint64_t hash_key[2];
+
+static inline uint64_t
+fold(uint64_t a, uint64_t b)
+{
+#ifdef __SIZEOF_INT128__
+    __uint128_t product = (__uint128_t)a * b;
+    return (uint64_t)product ^ (uint64_t)(product >> 64);
+#else
+    uint64_t a_lo = (uint32_t)a, a_hi = a >> 32, b_lo = (uint32_t)b, b_hi = b >> 32;
+    uint64_t lo = a_lo * b_lo, mid1 = a_hi * b_lo, mid2 = a_lo * b_hi, hi = a_hi * b_hi;
+    uint64_t carry = ((lo >> 32) + (uint32_t)mid1 + (uint32_t)mid2) >> 32;
+    return (lo + (mid1 << 32) + (mid2 << 32)) ^ (hi + (mid1 >> 32) + (mid2 >> 32) + carry);
+#endif
+}
+
+static inline uint64_t
+load8(const char *p)
+{
+    uint64_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+
+static inline uint64_t
+load4(const char *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+
+/* h with the n bytes at p folded in; the caller fixes n (the template's segment length), so the
+   overlapping reads of the last 1 to 16 bytes cover them all and tell every content apart */
+static inline uint64_t
+segment_hash(uint64_t h, const char *p, Py_ssize_t n)
+{
+    for (; n > 16; p += 16, n -= 16)
+        h = fold(load8(p) ^ hash_key[0], load8(p + 8) ^ h);
+    uint64_t a = 0, b = 0;
+    if (n >= 8) {
+        a = load8(p);
+        b = load8(p + n - 8);
+    }
+    else if (n >= 4) {
+        a = load4(p);
+        b = load4(p + n - 4);
+    }
+    else if (n > 0)
+        a = (uint64_t)(unsigned char)p[0] << 16 | (uint64_t)(unsigned char)p[n >> 1] << 8 | (unsigned char)p[n - 1];
+    return fold(a ^ hash_key[1] ^ (uint64_t)n, b ^ h);
+}
+
+/* Where the token at `at` ends: the first blank or newline from there, or len. A word at a time:
+   the lowest flagged byte of the has_delimiter test is exact (a borrow runs only upwards), so on a
+   little-endian machine its bit gives the offset (a number token, ~15 bytes, in two words; byte by
+   byte, the walk below was 29 000 of a scrape's 827 000 instructions, callgrind, 1 Dec). */
+static inline Py_ssize_t
+token_end(const char *body, Py_ssize_t at, Py_ssize_t len)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; at + 8 <= len; at += 8) {
+        uint64_t w = load8(body + at), a = w ^ BLANKS, b = w ^ NEWLINES;
+        uint64_t found = (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS;
+        if (found)
+            return at + (__builtin_ctzll(found) >> 3);
+    }
+#endif
+    while (at < len && body[at] != ' ' && body[at] != '\n')
+        at++;
+    return at;
+}
+
+/* A body read by its template's segment lengths: segment k (the constant bytes before variable
+   token k; the last one, those after the last token) is hashed, then the token runs to the next
+   blank or newline. -1 when the lengths do not fit the body. A body whose segments hash to the
+   template's is the template's constant part with other tokens in the variable places: layout()
+   takes only templates whose variable tokens do not start a line, so each follows a blank (or is
+   the first) and a token found this way is that token of body.replace(b"\n", b" \n").split(b" "), as the Python
+   path cuts it. */
+static int
+walk_segments(const char *body, Py_ssize_t len, const uint16_t *seg, Py_ssize_t npos, Py_ssize_t *starts,
+              Py_ssize_t *ends, uint64_t *hash)
+{
+    uint64_t h = hash_key[1];
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < npos; k++) {
+        if (seg[k] > len - at)
+            return -1;
+        h = segment_hash(h, body + at, seg[k]);
+        at += seg[k];
+        starts[k] = at;
+        at = token_end(body, at, len);
+        ends[k] = at;
+    }
+    if (len - at != seg[npos])
         return -1;
-    memcpy(constant + w.out, body + w.copied_to, (size_t)(len - w.copied_to));
-    *constant_len = w.out + len - w.copied_to;
+    *hash = segment_hash(h, body + at, seg[npos]);
     return 0;
 }
 
-/* Cut the body; the hash of its constant part, or -1 with *ok = 0 when it does not fit. */
-static Py_hash_t
-constant_part_hash(const char *body, Py_ssize_t len, Py_ssize_t ntok, Py_buffer *positions,
-                   Py_ssize_t **starts, Py_ssize_t **ends, int *ok)
-{
-    Py_ssize_t npos = positions->len / (Py_ssize_t)sizeof(uint32_t);
-    *ok = 0;
-    PyObject *constant = PyBytes_FromStringAndSize(NULL, len);
-    if (constant == NULL)
-        return -1;
-    *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(npos ? 2 * npos : 1));
-    if (*starts == NULL) {
-        Py_DECREF(constant);
-        PyErr_NoMemory();
-        return -1;
-    }
-    *ends = *starts + npos;
-    Py_ssize_t clen = 0;
-    if (cut(body, len, ntok, (const uint32_t *)positions->buf, npos, PyBytes_AS_STRING(constant), &clen,
-            *starts, *ends) < 0) {
-        Py_DECREF(constant);
-        return 0;
-    }
-    /* a fresh bytes object: shrink it in place (its hash is not cached yet) */
-    if (_PyBytes_Resize(&constant, clen) < 0)
-        return -1;
-    Py_hash_t h = PyObject_Hash(constant);
-    Py_DECREF(constant);
-    if (h == -1 && PyErr_Occurred())
-        return -1;
-    *ok = 1;
-    return h;
-}
-
-PyDoc_STRVAR(constant_hash_doc,
-             "constant_hash(body, ntok, positions) -> int | None\n\n"
-             "The hash of body without the tokens at positions (uint32, ascending), or None when\n"
-             "body does not have exactly ntok tokens.");
+PyDoc_STRVAR(layout_doc,
+             "layout(body, ntok, positions) -> (segments, hash) | None\n\n"
+             "What read() needs of a template body: the lengths of the constant runs around the tokens\n"
+             "at positions (uint32, ascending), as uint16 bytes (one more than positions), and their\n"
+             "hash. None when body does not have exactly ntok tokens, a run is 64 KiB or longer, or a\n"
+             "variable token starts a line.");
 
 static PyObject *
-constant_hash(PyObject *self, PyObject *args)
+layout(PyObject *self, PyObject *args)
 {
     const char *body;
     Py_ssize_t len, ntok;
     Py_buffer positions;
     if (parse_common(args, &body, &len, &ntok, &positions) < 0)
         return NULL;
-    Py_ssize_t *starts = NULL, *ends = NULL;
-    int ok;
-    Py_hash_t h = constant_part_hash(body, len, ntok, &positions, &starts, &ends, &ok);
+    PyObject *result = NULL, *segments = NULL;
+    Py_ssize_t npos = positions.len / (Py_ssize_t)sizeof(uint32_t);
+    Py_ssize_t *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(npos ? 2 * npos : 1));
+    if (starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t *ends = starts + npos;
+    if (cut(body, len, ntok, (const uint32_t *)positions.buf, npos, starts, ends) < 0)
+        goto misfit;
+    segments = PyBytes_FromStringAndSize(NULL, (npos + 1) * (Py_ssize_t)sizeof(uint16_t));
+    if (segments == NULL)
+        goto done;
+    uint16_t *seg = (uint16_t *)PyBytes_AS_STRING(segments);
+    Py_ssize_t from = 0;
+    for (Py_ssize_t k = 0; k <= npos; k++) {
+        Py_ssize_t to = k < npos ? starts[k] : len;
+        if (to - from > UINT16_MAX)
+            goto misfit;
+        seg[k] = (uint16_t)(to - from);
+        from = k < npos ? ends[k] : len;
+    }
+    Py_ssize_t *check = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(npos ? 2 * npos : 1));
+    if (check == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Read by its runs only where they cut the tokens the walk above cut. Where a variable token
+       starts a line, walk_segments ends it at its newline, where it begins: from there it cuts
+       a byte or more before the token walk (each token it cuts ends at the first delimiter, no
+       later than that walk's), and the last run does not fit the body's end. */
+    uint64_t h;
+    int fits = walk_segments(body, len, seg, npos, check, check + npos, &h) == 0;
+    PyMem_Free(check);
+    if (!fits)
+        goto misfit;
+    result = Py_BuildValue("OK", segments, (unsigned long long)h);
+    goto done;
+misfit:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(segments);
     PyMem_Free(starts);
     PyBuffer_Release(&positions);
-    if (!ok) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    return PyLong_FromSsize_t(h);
+    return result;
 }
 
 PyDoc_STRVAR(read_doc,
-             "read(body, ntok, positions, kinds, const_hash) -> (cpu_ns, cpu_times, memory, node, bounds) | None | False\n\n"
-             "The numbers of body read as its template's (see the module's source); None when body\n"
-             "is not the template's constant part with numbers in the variable places; False when a\n"
-             "number is not one it reads (the Python reader decides).\n"
+             "read(body, segments, kinds, hash) -> (cpu_ns, cpu_times, memory, node, bounds) | None | False\n\n"
+             "The numbers of body read as its template's (segments and hash from layout(), kinds one\n"
+             "byte per variable token; see the module's source); None when body is not the template's\n"
+             "constant part with other tokens in the variable places; False when a number is not one\n"
+             "it reads (the Python reader decides).\n"
              "cpu_ns, cpu_times and memory are lists in text order (cpu_times empty without\n"
              "timestamps); node is [cpu_ns, seconds or None, memory bytes] or None; bounds is\n"
              "(min, max) of cpu_ns, then of memory, then of cpu_times, each None for an empty list\n"
@@ -390,24 +499,31 @@ static PyObject *
 read_body(PyObject *self, PyObject *args)
 {
     PyObject *b;
-    Py_ssize_t ntok;
-    Py_buffer positions, kinds;
-    Py_hash_t want_hash;
-    if (!PyArg_ParseTuple(args, "Sny*y*n", &b, &ntok, &positions, &kinds, &want_hash))
+    Py_buffer segments, kinds;
+    PyObject *want;
+    if (!PyArg_ParseTuple(args, "Sy*y*O!", &b, &segments, &kinds, &PyLong_Type, &want))
         return NULL;
+    unsigned long long want_hash = PyLong_AsUnsignedLongLong(want); /* layout()'s, in range */
     PyObject *result = NULL, *cpu = NULL, *times = NULL, *mem = NULL, *node = NULL, *bounds = NULL;
     Py_ssize_t *starts = NULL, *ends = NULL;
-    Py_ssize_t npos = positions.len / (Py_ssize_t)sizeof(uint32_t);
-    if (positions.len % sizeof(uint32_t) || kinds.len != npos) {
-        PyErr_SetString(PyExc_ValueError, "positions and kinds: one uint32 and one byte per variable token");
+    Py_ssize_t npos = kinds.len;
+    if (want_hash == (unsigned long long)-1 && PyErr_Occurred())
+        goto done;
+    if (segments.len != (npos + 1) * (Py_ssize_t)sizeof(uint16_t)) {
+        PyErr_SetString(PyExc_ValueError, "segments and kinds: one uint16 and one byte per variable token, and a uint16 more");
         goto done;
     }
+    starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(npos ? 2 * npos : 1));
+    if (starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ends = starts + npos;
     const char *body = PyBytes_AS_STRING(b);
-    int ok;
-    Py_hash_t h = constant_part_hash(body, PyBytes_GET_SIZE(b), ntok, &positions, &starts, &ends, &ok);
-    if (!ok || h != want_hash) {
-        if (!PyErr_Occurred())
-            result = Py_NewRef(Py_None);
+    uint64_t h;
+    if (walk_segments(body, PyBytes_GET_SIZE(b), (const uint16_t *)segments.buf, npos, starts, ends, &h) < 0 ||
+        h != (uint64_t)want_hash) {
+        result = Py_NewRef(Py_None);
         goto done;
     }
     /* the lists at their final sizes, filled in place (no append, no regrowth) */
@@ -542,7 +658,7 @@ done:
     Py_XDECREF(node);
     Py_XDECREF(bounds);
     PyMem_Free(starts);
-    PyBuffer_Release(&positions);
+    PyBuffer_Release(&segments);
     PyBuffer_Release(&kinds);
     return result;
 }
@@ -571,7 +687,7 @@ untracked(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"constant_hash", constant_hash, METH_VARARGS, constant_hash_doc},
+    {"layout", layout, METH_VARARGS, layout_doc},
     {"read", read_body, METH_VARARGS, read_doc},
     {"untracked", untracked, METH_VARARGS, untracked_doc},
     {NULL, NULL, 0, NULL},
@@ -585,5 +701,15 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__bodyscan(void)
 {
+    /* the segments' hash key, from Python's own (random per process unless PYTHONHASHSEED) */
+    static const char *const seeds[2] = {"kcms.sources._bodyscan key 0", "kcms.sources._bodyscan key 1"};
+    for (int i = 0; i < 2; i++) {
+        PyObject *seed = PyBytes_FromString(seeds[i]);
+        Py_hash_t h = seed == NULL ? -1 : PyObject_Hash(seed);
+        Py_XDECREF(seed);
+        if (h == -1)
+            return NULL;
+        hash_key[i] = (uint64_t)h;
+    }
     return PyModule_Create(&module);
 }

@@ -315,7 +315,7 @@ def _from_template(node: str, body: bytes, now: float, t: Template, reuse: Decod
     (kcms/sources/_bodyscan.c: the same checks and values, ~30 against ~100 us a body); a body it
     leaves (False: a number it refuses, or in a spelling or size it does not read) is read here."""
     if t.scan is not None:
-        got = _scan_read(body, t.ntok, *t.scan)  # type: ignore[misc]
+        got = _scan_read(body, *t.scan)  # type: ignore[misc]
         if got is None:
             return None
         if got is not False:
