@@ -143,6 +143,30 @@ def test_resource_pipeline_passes_kcms_args_and_stops_on_kcms_failure(tmp_path: 
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+def test_cpu_paired_takes_metrics_servers_cpu_from_the_issue_codes_run(tmp_path: Path) -> None:
+    """bench/cpu_paired.py at 2 nodes, with this checkout as both trees (the mechanics, not the
+    figure): each pair's reference is the first run's CPU divided by the issue's ratio."""
+    small = ["--resolution", "10", "--pods-per-node", "4", "--settle-cycles", "3", "--by-cycle-min-seconds", "0",
+             "--address-base", "127.63.0.1"]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "cpu_paired.py"), "--kcms-root", str(REPO), "--issue-root", str(REPO),
+         "--nodes", "2", "--issue-ratio", "2.5", "--pairs", "1", "--cycles", "1", "--json", str(tmp_path / "p.json"),
+         *(f"--pipeline-arg={a}" for a in small)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    (pair,) = json.loads((tmp_path / "p.json").read_text())["pairs"]
+    assert pair["issue_cpu_mc_per_node"] > 0 and pair["cpu_mc_per_node"] > 0
+    assert pair["metrics_server_cpu_mc_per_node"] == pytest.approx(pair["issue_cpu_mc_per_node"] / 2.5)
+    assert pair["ratio"] == pytest.approx(pair["cpu_mc_per_node"] / pair["metrics_server_cpu_mc_per_node"])
+    assert math.isnan(pair["ratio_loop_scaled"])  # the issue measured no 2-node cluster
+    assert "x metrics-server's (the issue's / 2.5)" in out.stdout
+    assert "2 nodes, CPU a node against metrics-server's, paired with the issue's code: " in out.stdout
+    refused = subprocess.run([sys.executable, str(REPO / "bench" / "cpu_paired.py"), "--kcms-root", ".",
+                              "--issue-root", ".", "--nodes", "7"], capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "--issue-ratio" in refused.stderr
+
+
 def test_resource_report_derives_metrics_server_figures_as_documented() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     try:

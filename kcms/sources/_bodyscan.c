@@ -542,7 +542,8 @@ read_body(PyObject *self, PyObject *args)
     /* each column's least and greatest value, as read (rounding and the ms -> s division keep the
        order): the screening's min() and max() over the lists were ~45 000 instructions a scrape,
        5 % of one (callgrind, 1 Dec) */
-    int64_t cpu_lo = INT64_MAX, cpu_hi = INT64_MIN, ts_lo = INT64_MAX, ts_hi = INT64_MIN;
+    int64_t cpu_lo = INT64_MAX, cpu_hi = INT64_MIN, ts_lo = INT64_MAX, ts_hi = INT64_MIN, stamp_ms = 0;
+    PyObject *stamp_obj = NULL;
     double mem_lo = INFINITY, mem_hi = -INFINITY;
     for (Py_ssize_t k = 0; k < npos; k++) {
         const char *s = body + starts[k];
@@ -582,7 +583,15 @@ read_body(PyObject *self, PyObject *args)
                 node_ts = i64;
             if (kind[k] != K_CPU_TS)
                 continue;
-            item = PyFloat_FromDouble((double)i64 / 1000.0);
+            /* a kubelet stamps a scrape's containers alike: one float for a run of equal stamps
+               (59 objects fewer a scrape of 60 containers, made and freed) */
+            if (stamp_obj != NULL && i64 == stamp_ms)
+                item = Py_NewRef(stamp_obj);
+            else {
+                item = PyFloat_FromDouble((double)i64 / 1000.0);
+                stamp_ms = i64;
+                stamp_obj = item; /* borrowed: the list holds it */
+            }
             into = times;
             into_kind = K_CPU_TS;
             ts_lo = i64 < ts_lo ? i64 : ts_lo;

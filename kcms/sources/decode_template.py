@@ -74,7 +74,7 @@ _NODE_MEM = "node_memory_working_set_bytes"
 _ERROR_NAMES = ("resource_scrape_error", "scrape_error")
 _CONTAINER_FAMILIES = (_CPU, _MEM, _START)
 # each role's kind for kcms/sources/_bodyscan.c (0: a skipped family's number, checked only)
-_SCAN_KINDS = {"cv": 1, "ct": 2, "mv": 3, "mt": 4, "st": 4, "nc": 5, "nct": 6, "nm": 7, "nmt": 4}
+_SCAN_KINDS = {"cv": 1, "ct": 2, "mv": 3, "mt": 4, "st": 4, "nc": 5, "nct": 6, "nm": 7, "nmt": 4, "ot": 4}
 _MAX_NAME_LENGTH = 253  # kcms.sources.bounds.MAX_NAME_LENGTH (a template has none longer)
 
 # itemgetters shared by nodes of the same layout (their position tuples are ~20 kB each)
@@ -166,7 +166,7 @@ def build(text: str) -> Template | None:
     lines = text.split("\n")
     positions: list[int] = []  # token index of each variable token, text order
     read: list[str] = []  # those tokens as read line by line (to check the positions against)
-    roles: dict[str, list[int]] = {k: [] for k in ("cv", "ct", "mv", "mt", "st", "nc", "nct", "nm", "nmt")}
+    roles: dict[str, list[int]] = {k: [] for k in ("cv", "ct", "mv", "mt", "st", "nc", "nct", "nm", "nmt", "ot")}
     labels: dict[str, list[tuple[str, str, str]]] = {f: [] for f in _CONTAINER_FAMILIES}
     stamps: dict[str, set[bool]] = {f: set() for f in _CONTAINER_FAMILIES}
     runs: list[str] = []  # the family of each run of sample lines
@@ -239,7 +239,9 @@ def build(text: str) -> Template | None:
             # another family (pod_*, swap, ...): the decoder skips it whatever its numbers are
             variable(None, ti + 1, parts[1])
             if stamped:
-                variable(None, ti + 2, parts[2])
+                # C checks it as a timestamp (digits), ~3x cheaper than as a float, and leaves other
+                # spellings, which float() may read, to the Python reader
+                variable("ot", ti + 2, parts[2])
         ti += len(parts)
     if ti != len(toks) or len(positions) < 2:
         return None
