@@ -399,8 +399,8 @@ token_end(const char *body, Py_ssize_t at, Py_ssize_t len)
    blank or newline. -1 when the lengths do not fit the body. A body whose segments hash to the
    template's is the template's constant part with other tokens in the variable places: layout()
    takes only templates whose variable tokens do not start a line, so each follows a blank (or is
-   the first) and a token found this way is that token of body.replace(b"\n", b" \n").split(b" "), as the Python
-   path cuts it. */
+   the first), and a token found this way is that token of body.replace(b"\n", b" \n").split(b" "),
+   as the Python path cuts it. */
 static int
 walk_segments(const char *body, Py_ssize_t len, const uint16_t *seg, Py_ssize_t npos, Py_ssize_t *starts,
               Py_ssize_t *ends, uint64_t *hash)
