@@ -13,7 +13,7 @@ a cycle. This runs ``bench/resource_pipeline.py`` (CPU and RSS only: ``--request
 | tar -x -C ISSUE_TREE``) and the code measured (``TREE``, a directory holding a ``kcms`` package,
 built), and takes metrics-server's CPU as the issue code's CPU in the run just before, divided by
 the issue's ratio at that size (3.0 at 50 nodes). It prints each pair, the loop-scaled ratio of
-the same run for comparison, and the pairs' range. Not a test: it asserts nothing. About 7 minutes
+the same run for comparison, and the pairs' range. Not a test: it asserts nothing. About 8 minutes
 a pair at 50 nodes.
 """
 
