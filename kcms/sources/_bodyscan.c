@@ -231,14 +231,22 @@ parse_common(PyObject *args, const char **body, Py_ssize_t *len, Py_ssize_t *nto
 #define BLANKS (ONES * (uint64_t)' ')
 #define NEWLINES (ONES * (uint64_t)'\n')
 
-static inline int
-has_delimiter(const char *p)
+/* The high bit of each of the 8 bytes at p that may be a blank or a newline: exact for the lowest
+   one (a borrow runs only upwards), which is all token_end reads of it. */
+static inline uint64_t
+delimiter_bits(const char *p)
 {
     uint64_t w, a, b;
     memcpy(&w, p, sizeof w);
     a = w ^ BLANKS;
     b = w ^ NEWLINES;
-    return (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS ? 1 : 0;
+    return (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS;
+}
+
+static inline int
+has_delimiter(const char *p)
+{
+    return delimiter_bits(p) != 0;
 }
 
 /* One delimiter of the walk below: token `tok` is body[start:i], a blank (c) or a newline at i
@@ -375,16 +383,15 @@ segment_hash(uint64_t h, const char *p, Py_ssize_t n)
 }
 
 /* Where the token at `at` ends: the first blank or newline from there, or len. A word at a time:
-   the lowest flagged byte of the has_delimiter test is exact (a borrow runs only upwards), so on a
-   little-endian machine its bit gives the offset (a number token, ~15 bytes, in two words; byte by
-   byte, the walk below was 29 000 of a scrape's 827 000 instructions, callgrind, 1 Dec). */
+   on a little-endian machine the lowest bit of delimiter_bits gives the offset (a number token,
+   ~15 bytes, in two words; byte by byte, the walk below was 29 000 of a scrape's 827 000
+   instructions, callgrind, 1 Dec). */
 static inline Py_ssize_t
 token_end(const char *body, Py_ssize_t at, Py_ssize_t len)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     for (; at + 8 <= len; at += 8) {
-        uint64_t w = load8(body + at), a = w ^ BLANKS, b = w ^ NEWLINES;
-        uint64_t found = (((a - ONES) & ~a) | ((b - ONES) & ~b)) & HIGHS;
+        uint64_t found = delimiter_bits(body + at);
         if (found)
             return at + (__builtin_ctzll(found) >> 3);
     }
@@ -459,19 +466,13 @@ layout(PyObject *self, PyObject *args)
         seg[k] = (uint16_t)(to - from);
         from = k < npos ? ends[k] : len;
     }
-    Py_ssize_t *check = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(npos ? 2 * npos : 1));
-    if (check == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     /* Read by its runs only where they cut the tokens the walk above cut. Where a variable token
        starts a line, walk_segments ends it at its newline, where it begins: from there it cuts
        a byte or more before the token walk (each token it cuts ends at the first delimiter, no
-       later than that walk's), and the last run does not fit the body's end. */
+       later than that walk's), and the last run does not fit the body's end. (starts and ends
+       have served: the walk overwrites them.) */
     uint64_t h;
-    int fits = walk_segments(body, len, seg, npos, check, check + npos, &h) == 0;
-    PyMem_Free(check);
-    if (!fits)
+    if (walk_segments(body, len, seg, npos, starts, ends, &h) < 0)
         goto misfit;
     result = Py_BuildValue("OK", segments, (unsigned long long)h);
     goto done;

@@ -304,12 +304,10 @@ def build(text: str) -> Template | None:
                     kinds[i] = _SCAN_KINDS[role]
             # shared by nodes of the same layout, as the itemgetters are; the runs' lengths are the
             # node's own (its pods' names): 2 bytes a variable token, ~0.9 kB a node of 60 containers
-            shared = _SCAN_KINDS_SHARED.get(bytes(kinds))
-            if shared is None:
-                if len(_SCAN_KINDS_SHARED) >= _MAX_GETTERS:
-                    _SCAN_KINDS_SHARED.clear()
-                shared = _SCAN_KINDS_SHARED[bytes(kinds)] = bytes(kinds)
-            t.scan = (laid[0], shared, laid[1])
+            key = bytes(kinds)
+            if key not in _SCAN_KINDS_SHARED and len(_SCAN_KINDS_SHARED) >= _MAX_GETTERS:
+                _SCAN_KINDS_SHARED.clear()
+            t.scan = (laid[0], _SCAN_KINDS_SHARED.setdefault(key, key), laid[1])
     return t
 
 
