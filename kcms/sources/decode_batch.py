@@ -182,12 +182,13 @@ def _screened_aligned(
     containers). Zero-value pods were dropped before, as screen_batch sees them. ``names_checked``: the
     names are a reused start-time block's, already checked (the families line up: the same labels).
     ``bounds``: the columns' (min, max) as the C reader gave them (:func:`template_batch`); without
-    them, or with a column's missing, they are taken here.
+    them they are taken here. (The C reader gives None only for an empty column, and a template's
+    columns are all as long as its CPU column, which is not empty here.)
     """
     namespaces, names, containers, cpu_ns, times, memory = cols
     if not cpu_ns:
         return None
-    if bounds is None or None in bounds:
+    if bounds is None:
         bounds = (None, max(cpu_ns), None, max(memory), min(times), max(times))  # type: ignore[type-var]
     _, max_cpu, _, max_memory, min_time, max_time = bounds
     if not (
