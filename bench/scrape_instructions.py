@@ -6,9 +6,10 @@ do not move.
 Timed figures of a scrape (bench/fixed_costs.py --per-scrape, bench/scrape_cpu.py) move by 10-30 %
 from one run to the next on these shared machines, more than most single changes save.
 ``valgrind --tool=callgrind`` counts the instructions a process executes instead: the same code,
-inputs and environment give the same count whatever else the machine is doing (two runs of 13
-rounds here differed by 0.001 %). This runs ``bench/fixed_costs.py --per-scrape`` under callgrind
-twice, with the two numbers of rounds given (each round scrapes every simulated kubelet once,
+inputs and environment give nearly the same count whatever else the machine is doing (two runs
+of 13 rounds differed by 0.001 % on 1 Dec's afternoon machine, 1.3 % on its evening one, the C
+code's part equal: compare changes larger than that). This runs ``bench/fixed_costs.py
+--per-scrape`` under callgrind twice, with the two numbers of rounds given (each round scrapes every simulated kubelet once,
 over real TLS on loopback, decodes and stores as `kcms standalone` does), and prints the
 difference divided by the extra scrapes: start-up, connections and warm-up cancel out. Then the
 functions that account for it (self instructions), by library.
