@@ -50,13 +50,21 @@ class PodPlaces(NamedTuple):
     in_pod_order: Any
 
 
-class ContainerColumns(NamedTuple):
+class ContainerColumns(msgspec.Struct, gc=False, eq=False):
     """A batch's container readings as the kubelet decoder read them: one column per field, one
     entry per series, in the body's order (``NodeBatch.columns``).
 
     ``signature`` names the series (their label values joined; equal signatures, equal series in
     the same order), so the store can compare two scrapes of a node a column at a time (in C)
-    instead of container by container (kcms/store/resource.py).
+    instead of container by container (kcms/store/resource.py), and keeps the columns of the
+    scrape before as they are to take rates against.
+
+    ``readings`` (one ``ResourcePoint`` a container, pod by pod) is made when first read and kept:
+    the store's column path and the list of every pod read the columns, so a scrape that is never
+    read a pod at a time makes none (60 points a scrape of a node of 60 containers, made and freed:
+    783 300 -> see docs/performance.md instructions a scrape). Never tracked by the cyclic
+    collector: it refers to numbers, strings, its ``places`` and its points, none of which refers
+    back to it. Compared by identity (``readings`` may be made in one copy and not the other).
     """
 
     signature: str
@@ -64,8 +72,22 @@ class ContainerColumns(NamedTuple):
     times: list[float]
     cpu_ns: list[int]
     memory: list[Any]  # int bytes
-    readings: tuple[ResourcePoint, ...]  # the batch's points pod by pod, container by container
     places: PodPlaces  # where each pod's are in ``readings``
+    _readings: tuple[ResourcePoint, ...] | None = None  # made by ``readings``
+
+    @property
+    def readings(self) -> tuple[ResourcePoint, ...]:
+        """The batch's points pod by pod, container by container (made at the first read)."""
+        readings = self._readings
+        if readings is None:
+            points = list(map(ResourcePoint, self.start, self.times, self.cpu_ns, self.memory))
+            readings = self._readings = self.places.in_pod_order(points)
+        return readings
+
+    def points(self, series: Iterable[int]) -> list[ResourcePoint]:
+        """New points of the series at these indexes (the body's order), made from the columns."""
+        start, times, cpu_ns, memory = self.start, self.times, self.cpu_ns, self.memory
+        return [ResourcePoint(start[i], times[i], cpu_ns[i], memory[i]) for i in series]
 
     def pods(self) -> dict[PodKey, dict[str, ResourcePoint]]:
         """The readings as ``NodeBatch.pods`` holds them (new dicts)."""

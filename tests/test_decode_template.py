@@ -16,7 +16,7 @@ from _kubelet_decode_helpers import RESOURCE, build_resource_body
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kcms.model import DecodeError, NodeBatch, ResourcePoint
+from kcms.model import DecodeError, NodeBatch
 from kcms.sim.kubelet import render_resource_metrics
 from kcms.sim.workload import generate_nodes, node_addresses
 from kcms.sources import decode_template
@@ -199,37 +199,21 @@ def test_the_c_reader_is_built_and_reads_the_kubelets_bodies(reader) -> None:
 
 
 def test_a_templated_scrapes_columns_are_not_walked_by_the_cyclic_collector(reader) -> None:
-    """The store keeps each scrape's columns and readings for a resolution. They hold numbers and
-    untracked readings only, so the C reader and ``untracked`` take them off the collector's lists
-    (tracked, every young collection walked them until the cycle's heap freeze: 5-40 ms a gen-0
-    pass during a 5000-node cycle). The values are the full decoder's (the tests above)."""
+    """The store keeps each scrape's columns for two resolutions. They hold numbers only, so the C
+    reader takes them off the collector's lists (tracked, every young collection walked them until
+    the cycle's heap freeze: 5-40 ms a gen-0 pass during a 5000-node cycle), and the struct that
+    holds them is never tracked. No reading is made until one is read. The values are the full
+    decoder's (the tests above)."""
     for base, after in zip(SIM, SIM[1:], strict=False):
         batch = decode_resource_metrics("n", after, now=NOW, reuse=primed(base))
         columns = batch.columns
-        assert columns is not None and len(columns.readings) == len(columns.cpu_ns) > 0
-        assert not gc.is_tracked(columns.readings)
+        assert columns is not None and not gc.is_tracked(columns)
+        assert columns._readings is None  # not made by the decoder
+        assert len(columns.readings) == len(columns.cpu_ns) > 0
+        assert columns.readings is columns.readings  # made once, kept
         lists = (columns.cpu_ns, columns.times, columns.memory)
         assert [gc.is_tracked(column) for column in lists] == [reader == "python"] * 3
         assert batch == decode_resource_metrics("n", after, now=NOW)
-
-
-def test_untracked_untracks_only_a_tuple_of_never_tracked_readings() -> None:
-    """Only a tuple of nothing but readings, which are never tracked (gc=False), is untracked: a
-    tuple holding anything else stays tracked."""
-    from kcms.sources._bodyscan import untracked
-
-    assert ResourcePoint.__struct_config__.gc is False
-    point = ResourcePoint(1.0, 2.0, 3, 4)
-    readings = tuple([point, ResourcePoint(1.0, 3.0, 4, 5)])
-    assert gc.is_tracked(readings) and untracked(readings, ResourcePoint) is readings
-    assert not gc.is_tracked(readings)
-    for holding in ([1], {"a": 1}, (1, [2]), 1.0, None):
-        mixed = tuple([point, holding])
-        assert untracked(mixed, ResourcePoint) is mixed and gc.is_tracked(mixed)
-    with pytest.raises(TypeError):
-        untracked([point], ResourcePoint)  # a list
-    with pytest.raises(TypeError):
-        untracked((point,), 1)  # not a type
 
 
 @pytest.mark.parametrize(

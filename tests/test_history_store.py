@@ -243,8 +243,9 @@ def test_columns_are_written_in_the_order_of_the_rows():
     t = T0 + 15
     cpu_ns = [15 * 10**9, 30 * 10**9, 45 * 10**9]  # body order: a/c1, b/c1, a/c2
     memory = [21, 11, 31]
-    readings = [point(t, cpu_ns[i], memory[i]) for i in (0, 2, 1)]  # pod order
-    columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, memory, readings, places)
+    columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, memory, places)
+    readings = tuple(point(t, cpu_ns[i], memory[i]) for i in (0, 2, 1))  # pod order
+    assert columns.readings == readings
     rates = ([10**9, 2 * 10**9, 3 * 10**9], True)  # body order, as column_rates gives them
     assert h.record_columns("n1", None, None, token, columns, rates)
     assert not h.record_columns("n1", None, None, token, columns, (rates[0], False))  # over the bound

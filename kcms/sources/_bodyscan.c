@@ -637,7 +637,7 @@ read_body(PyObject *self, PyObject *args)
         node = Py_NewRef(Py_None);
     /* Numbers only, and never changed after: no reference cycle can pass through these lists,
        so the cyclic collector need not visit them. Tracked, the store's three lists of each
-       scrape (plus its readings, see untracked()) were walked by every young collection until
+       scrape were walked by every young collection until
        the cycle's freeze: gen-0 passes of 5-40 ms and gen-1 passes of 55-135 ms during a
        5000-node cycle (gc.callbacks, 28 Nov). */
     PyObject_GC_UnTrack(cpu);
@@ -673,33 +673,9 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(untracked_doc,
-             "untracked(items: tuple, cls: type) -> tuple\n"
-             "\n``items``, no longer tracked by the cyclic garbage collector when every item is exactly a ``cls``\n"
-             "and not tracked; else as it is. For a ``cls`` whose instances are never tracked (a msgspec\n"
-             "Struct with gc=False): a cycle through one could not be freed anyway, and the tuple adds none.");
-
-static PyObject *
-untracked(PyObject *self, PyObject *args)
-{
-    PyObject *items, *cls;
-    if (!PyArg_ParseTuple(args, "O!O!:untracked", &PyTuple_Type, &items, &PyType_Type, &cls))
-        return NULL;
-    if (PyTuple_CheckExact(items) && PyObject_GC_IsTracked(items)) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
-            PyObject *item = PyTuple_GET_ITEM(items, i);
-            if (!Py_IS_TYPE(item, (PyTypeObject *)cls) || PyObject_GC_IsTracked(item))
-                return Py_NewRef(items);
-        }
-        PyObject_GC_UnTrack(items);
-    }
-    return Py_NewRef(items);
-}
-
 static PyMethodDef methods[] = {
     {"layout", layout, METH_VARARGS, layout_doc},
     {"read", read_body, METH_VARARGS, read_doc},
-    {"untracked", untracked, METH_VARARGS, untracked_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,13 +20,6 @@ from kcms.sources.kubelet_blocks import fast_block as _fast_block
 
 _START = "container_start_time_seconds"
 
-try:  # a scrape's readings (never tracked: gc=False) in a tuple the collector never walks either
-    from kcms.sources._bodyscan import untracked as _untracked
-except ImportError:  # no C compiler at install: the tuple stays tracked
-
-    def _untracked(items: tuple[Any, ...], cls: type) -> tuple[Any, ...]:
-        return items
-
 
 def bump(rejected: dict[str, int], reason: str, n: int = 1) -> None:
     rejected[reason] = rejected.get(reason, 0) + n
@@ -147,9 +140,7 @@ def _assemble_aligned(acc: Acc, batch: NodeBatch) -> Columns | None:
     if places is None:
         return None  # a duplicate series: let the general path count it
     memory = mem[3]
-    # in pods' order: pod by pod, container by container
-    readings = _untracked(places.in_pod_order(list(map(ResourcePoint, start[3], times, cpu_ns, memory))), ResourcePoint)
-    columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, readings, places)
+    columns = ContainerColumns(signature, start[3], times, cpu_ns, memory, places)  # no readings made yet
     bounds = acc.bounds
     if not (0 in (bounds[0], bounds[2]) if bounds is not None else 0 in cpu_ns or 0 in memory):
         # every series is one container of the batch's pods: what the store compares a column at a time

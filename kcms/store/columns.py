@@ -10,12 +10,12 @@ a node stored so back pod by pod with those rates (``ResourceStore.node_pod_rate
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import repeat
-from operator import attrgetter, le, mul, sub, truediv
+from operator import le, mul, sub, truediv
 from typing import TypeVar
 
-from kcms.model import PodKey, ResourcePoint
+from kcms.model import ContainerColumns, PodKey
 from kcms.sources.bounds import MAX_NANOCORES
 
 try:
@@ -26,9 +26,6 @@ except ImportError:  # no C compiler at install: Python does it
 Rates = tuple[list[int], bool]
 _C = TypeVar("_C")
 _P = TypeVar("_P")
-_timestamp = attrgetter("timestamp")
-_cpu_ns = attrgetter("cpu_ns")
-_memory = attrgetter("memory")
 
 
 def column_rates_py(new_times: list[float], old_times: list[float], new_cpu: list[int], old_cpu: list[int]) -> Rates | None:
@@ -61,31 +58,30 @@ def column_rates(new_times: list[float], old_times: list[float], new_cpu: list[i
 
 
 def column_pod_rates(
-    last: Sequence[ResourcePoint],
-    before: Sequence[ResourcePoint],
-    places: dict[PodKey, tuple[int, tuple[str, ...]]],
+    last: ContainerColumns,
+    before: ContainerColumns,
     keep: Callable[[PodKey], bool],
     container: Callable[[str, float, float, int, int], _C],
     pod: Callable[[float, float, list[_C]], _P],
 ) -> list[tuple[PodKey, _P | None]] | None:
-    """:func:`kcms.store.resource.pod_rates` of every pod in ``places`` that ``keep`` keeps, from a
-    node's readings stored a column at a time (``last`` and ``before``, pod by pod, container by
-    container), with the rates of the whole node made at once by :func:`column_rates`; None when
+    """:func:`kcms.store.resource.pod_rates` of every pod of ``last.places`` that ``keep`` keeps,
+    from a node stored a column at a time (``last``, and ``before`` with the same series in the
+    same order), with the rates of the whole node made at once by :func:`column_rates`; None when
     one pod would have no rate (or a reading is at 0.0, where ``pod_rates`` picks the pod's
     timestamp otherwise): the caller then goes pod by pod. Every pod but one with no container has
-    a rate then, so each is a ``map`` of ``container`` and the oldest reading. The list of every pod
-    renders each node after each of its scrapes: 6.56 -> 6.12 and 7.04 -> 6.00 us a pod with the
-    list's text, 3.68 -> 2.98 and 3.70 -> 3.60 without (fastest of 15 passes over 1000 nodes,
-    alternated with the pod-by-pod path, two runs on a noisy machine)."""
-    times = list(map(_timestamp, last))
-    cpu = list(map(_cpu_ns, last))
-    before_times = list(map(_timestamp, before))
-    got = column_rates(times, before_times, cpu, list(map(_cpu_ns, before)))
-    if got is None or not got[1] or not times or min(times) <= 0.0:
+    a rate then, so each is a ``map`` of ``container`` and the oldest reading. Read from the
+    columns, put in pod order by ``places.in_pod_order``: no ``ResourcePoint`` is made. The list of
+    every pod renders each node after each of its scrapes: 6.56 -> 6.12 and 7.04 -> 6.00 us a pod
+    with the list's text, 3.68 -> 2.98 and 3.70 -> 3.60 without (fastest of 15 passes over 1000
+    nodes, alternated with the pod-by-pod path, two runs on a noisy machine)."""
+    got = column_rates(last.times, before.times, last.cpu_ns, before.cpu_ns)
+    if got is None or not got[1] or not last.times or min(last.times) <= 0.0:
         return None
-    rates = got[0]
-    spans = list(map(sub, times, before_times))
-    memory = list(map(_memory, last))
+    in_pod_order, places = last.places.in_pod_order, last.places.of
+    rates = in_pod_order(got[0])
+    times = in_pod_order(last.times)
+    spans = in_pod_order(list(map(sub, last.times, before.times)))
+    memory = in_pod_order(last.memory)
     out: list[tuple[PodKey, _P | None]] = []
     for key, (at, names) in places.items():
         if not keep(key):

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -146,18 +146,9 @@ class _NodeEntry:
     layout: object = None  # the same object while the node's series stay the same (for the history)
     moves: int = 0  # the store's count of pods moved between nodes when these pods were claimed
     claims: int = 0  # a new number (ResourceStore.node_claims) each time a pod left these readings
-    # the readings before ``columns.readings``, in the same order (pod by pod, container by
-    # container; only the points: the previous batch's dicts would keep its name strings alive)
-    before: Sequence[ResourcePoint] | None = None
-
-
-def _placed(
-    names: tuple[str, ...], at: int, last: Sequence[ResourcePoint], before: Sequence[ResourcePoint]
-) -> Iterable[tuple[str, _Pair]]:
-    """A pod's ``(container, (last reading, reading before))`` from where its readings lie in both
-    scrapes' lists (:class:`kcms.model.PodPlaces`)."""
-    end = at + len(names)
-    return zip(names, zip(last[at:end], before[at:end], strict=True), strict=True)
+    # the scrape before ``columns``, the same series in the same order (its columns only: the
+    # previous batch's dicts would keep its name strings alive)
+    before: ContainerColumns | None = None
 
 
 def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
@@ -170,9 +161,9 @@ def _pairs(entry: _NodeEntry) -> dict[PodKey, dict[str, _Pair]]:
     if pods is None:
         columns, before = entry.columns, entry.before
         assert columns is not None and before is not None
-        last = columns.readings
+        last, earlier = columns.readings, before.readings
         pods = {
-            key: dict(_placed(names, at, last, before))
+            key: dict(zip(names, zip(last[at : at + len(names)], earlier[at : at + len(names)], strict=True), strict=True))
             for key, (at, names) in columns.places.of.items()
         }
         entry.pods = pods
@@ -199,7 +190,11 @@ def _pod_readings(entry: _NodeEntry, key: PodKey) -> Iterable[tuple[str, _Pair]]
     place = columns.places.of.get(key)
     if place is None:
         return ()
-    return _placed(place[1], place[0], columns.readings, before)
+    at, names = place
+    # Only this pod's points, not its node's: a namespace's pods lie on many nodes, and a query of
+    # one namespace would otherwise make every point of each of them (120 a node of 60 containers).
+    series = columns.places.in_pod_order(range(len(columns.times)))[at : at + len(names)]
+    return zip(names, zip(columns.points(series), before.points(series), strict=True), strict=True)
 
 
 def _previous_for(new: ResourcePoint, old: _Pair | None, resolution: float) -> ResourcePoint | None:
@@ -381,7 +376,7 @@ class ResourceStore:
         rates = column_rates(columns.times, old.times, columns.cpu_ns, old.cpu_ns)
         if rates is None:
             return False
-        entry.before = old.readings  # the last readings, in the same order as the new ones
+        entry.before = old  # the last readings, the same series in the same order as the new ones
         self._paired = True
         entry.pods = None  # ``batch.pods`` is not made: reads find a pod by columns.places
         entry.columns = columns
@@ -550,12 +545,11 @@ class ResourceStore:
             ]
         columns, before = entry.columns, entry.before
         assert columns is not None and before is not None
-        last, places = columns.readings, columns.places.of
         keep = lambda key: owner.get(key) == node  # noqa: E731
-        got = column_pod_rates(last, before, places, keep, container, pod)  # the node's rates at once
+        got = column_pod_rates(columns, before, keep, container, pod)  # the node's rates at once
         if got is not None:
             return got
-        return [(k, pod_rates(_placed(n, at, last, before), container, pod)) for k, (at, n) in places.items() if keep(k)]
+        return [(k, pod_rates(_pod_readings(entry, k), container, pod)) for k in columns.places.of if keep(k)]
 
     def node_names(self) -> list[str]:
         return list(self._nodes)
