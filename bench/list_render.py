@@ -14,7 +14,8 @@ core) fetches, keep-alive, without decompressing, and times each request to its 
 - pods: every pod (JSON; gzip);
 - pods after a scrape: every pod, each node stored again just before (no usage is cached);
 - nodes: every node;
-- hpa: one namespace with a labelSelector (the HPA's query);
+- hpa: one namespace with a labelSelector (the HPA's query); after a scrape: each node stored again
+  just before, as for pods;
 - floor: the same number of bytes (for gzip: the compressed size) from the minimal handler.
 
 Printed per case: median and best ms, MB on the wire, the ratio to its floor, the server
@@ -242,6 +243,7 @@ async def run(args: argparse.Namespace) -> None:
         ("nodes", f"{api}/nodes", False, False),
         ("nodes gzip", f"{api}/nodes", True, False),
         ("hpa: team-a app=web", f"{api}/namespaces/team-a/pods?labelSelector=app%3Dweb", True, False),
+        ("hpa after a scrape", f"{api}/namespaces/team-a/pods?labelSelector=app%3Dweb", True, True),
     ]
     scrape_t = time.time()
     rows = []
