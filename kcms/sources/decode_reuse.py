@@ -191,5 +191,5 @@ def pod_places(
         of[key] = (len(order), pod_containers)
         order.extend(at)
     if len(order) == 1:
-        return PodPlaces(signature, of, lambda seq: (seq[0],))
-    return PodPlaces(signature, of, itemgetter(*order) if order else lambda seq: ())
+        return PodPlaces(signature, of, lambda seq: (seq[0],), (order[0],))
+    return PodPlaces(signature, of, itemgetter(*order) if order else lambda seq: (), tuple(order))

@@ -193,7 +193,7 @@ def _pod_readings(entry: _NodeEntry, key: PodKey) -> Iterable[tuple[str, _Pair]]
     at, names = place
     # Only this pod's points, not its node's: a namespace's pods lie on many nodes, and a query of
     # one namespace would otherwise make every point of each of them (120 a node of 60 containers).
-    series = columns.places.in_pod_order(range(len(columns.times)))[at : at + len(names)]
+    series = columns.places.order[at : at + len(names)]
     return zip(names, zip(columns.points(series), before.points(series), strict=True), strict=True)
 
 
