@@ -21,7 +21,8 @@
     snapshot: {},
     namespaces: [],
   };
-  // Read by the browser tests (the JSON each render used, and how many refreshes were drawn).
+  // Read by the browser tests (the JSON each render used, and how many refreshes were drawn);
+  // ``render`` is set below, so a test can draw a snapshot it made.
   const hook = (window.kcmsDashboard = { snapshot: null, refreshes: 0, errors: [] });
 
   // ---- DOM helpers: text only -------------------------------------------------------------------
@@ -523,7 +524,7 @@
     topTable($("top-cpu"), podRows.filter((r) => r.cpu !== null), (r) => r.cpu, fmtCPU);
     topTable($("top-memory"), podRows.filter((r) => r.memory !== null), (r) => r.memory, fmtMem);
 
-    renderSummary(snap, podRows, alloc, staleCount, nodeRows.length + missing.length);
+    renderSummary(snap, nodeRows, podRows, alloc, staleCount, nodeRows.length + missing.length);
     renderCustom(snap.custom);
     renderExternal(snap.external);
     renderScrapes(snap);
@@ -566,11 +567,14 @@
   function card(label, value, sub, kind) {
     return el("div", { class: `card ${kind || ""}` }, el("div", { class: "label" }, label), el("div", { class: "value" }, value), el("div", { class: "sub muted" }, sub || ""));
   }
-  function renderSummary(snap, podRows, alloc, staleCount, nodeCount) {
+  // ``nodeRows``: the nodes the table shows with usage. A stale node is not among them even in the
+  // window where metrics.k8s.io still serves its last reading (stale after a resolution plus the
+  // timeout, dropped after two resolutions), so the totals never count a frozen value.
+  function renderSummary(snap, nodeRows, podRows, alloc, staleCount, nodeCount) {
     const box = $("summary");
     clear(box);
-    const cpu = snap.nodes.reduce((t, n) => t + (nanos((n.usage || {}).cpu) || 0n), 0n);
-    const mem = snap.nodes.reduce((t, n) => t + (nanos((n.usage || {}).memory) || 0n), 0n);
+    const cpu = nodeRows.reduce((t, n) => t + (nanos((n.usage || {}).cpu) || 0n), 0n);
+    const mem = nodeRows.reduce((t, n) => t + (nanos((n.usage || {}).memory) || 0n), 0n);
     let cpuSub = "used by all nodes", memSub = "working set, all nodes";
     if (alloc) {
       const ac = [...alloc.values()].reduce((t, a) => t + (nanos(a.cpu) || 0n), 0n);
@@ -578,7 +582,8 @@
       cpuSub = `of ${milli(ac)}m allocatable`;
       memSub = `of ${whole(am) / 1048576n}Mi allocatable`;
     }
-    box.appendChild(card("Nodes", String(nodeCount), staleCount ? `${staleCount} stale, ${snap.nodes.length} with metrics` : `${snap.nodes.length} with metrics`, staleCount ? "bad" : ""));
+    const withMetrics = `${nodeRows.length} with metrics`;
+    box.appendChild(card("Nodes", String(nodeCount), staleCount ? `${staleCount} stale, ${withMetrics}` : withMetrics, staleCount ? "bad" : ""));
     box.appendChild(card("Pods", String(podRows.length), $("namespace").value || "all namespaces"));
     box.appendChild(card("CPU", fmtCPU(cpu), cpuSub));
     box.appendChild(card("Memory", fmtMem(mem), memSub));
@@ -784,5 +789,6 @@
     });
     await refresh();
   }
+  hook.render = render;
   document.addEventListener("DOMContentLoaded", start);
 })();
