@@ -13,7 +13,9 @@ a cycle. This runs ``bench/resource_pipeline.py`` (CPU and RSS only: ``--request
 | tar -x -C ISSUE_TREE``) and the code measured (``TREE``, a directory holding a ``kcms`` package,
 built), and takes metrics-server's CPU as the issue code's CPU in the run just before, divided by
 the issue's ratio at that size (3.0 at 50 nodes). It prints each pair, the loop-scaled ratio of
-the same run for comparison, and the pairs' range. Not a test: it asserts nothing. About 8 minutes
+the same run for comparison, the ratio with each run's CPU taken against the simulator's in the
+same cycles (the simulator is the same code in both runs, so this takes out the machine's speed
+between them), and the pairs' range. Not a test: it asserts nothing. About 8 minutes
 a pair at 50 nodes.
 """
 
@@ -73,12 +75,18 @@ def main() -> int:
                 "ratio": now["cpu_mc_per_node"] / ms,
                 "ratio_loop_scaled": now["cpu_mc_per_node"] / loop_ref,
             }
+            # Each run's CPU against the simulator's in the same cycles (the same code serving the
+            # same bodies in both runs): the machine's speed between the two runs taken out.
+            if issue.get("cpu_per_simulator_cpu") and now.get("cpu_per_simulator_cpu"):
+                pair["ratio_simulator_scaled"] = issue_ratio * now["cpu_per_simulator_cpu"] / issue["cpu_per_simulator_cpu"]
             pairs.append(pair)
             print(
                 f"pair {k + 1}: the issue's code {issue['cpu_mc_per_node']:.4f} mcore a node "
                 f"({issue['cycle_cpu_s'] * 1e3:.2f} ms a cycle), measured {now['cpu_mc_per_node']:.4f} "
                 f"({now['cycle_cpu_s'] * 1e3:.2f} ms): {pair['ratio']:.2f}x metrics-server's (the issue's "
-                f"/ {issue_ratio:g}); scaled by the loop instead, {pair['ratio_loop_scaled']:.2f}x",
+                f"/ {issue_ratio:g}); scaled by the loop instead, {pair['ratio_loop_scaled']:.2f}x"
+                + (f"; each against the simulator's CPU, {pair['ratio_simulator_scaled']:.2f}x"
+                   if "ratio_simulator_scaled" in pair else ""),
                 flush=True,
             )
     ratios = [p["ratio"] for p in pairs]

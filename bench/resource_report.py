@@ -267,6 +267,11 @@ def raw_lines(r: dict) -> list[str]:
         f"  95 % of pods served after start:     {r['t95_pods_s']:8.2f} s (the poll that saw it took {r['t95_pods_poll_s']:.2f} s)",
         f"  scrape cycle wall time:              {r['cycle_wall_s']:8.3f} s (mean of {r['cycles']:g} quiet cycles)",
         f"  CPU per cycle (process tree):        {r['cycle_cpu_s']:8.3f} s -> {r['cpu_mc_per_node']:.4f} millicores per node",
+        *(
+            [f"  ... against the simulator's in the same cycles: {r['cpu_per_simulator_cpu']:.3f}x "
+             f"({r['simulator_cycle_cpu_s']:.3f} s a cycle; it moves with the machine as KCMS does)"]
+            if r.get("cpu_per_simulator_cpu") else []
+        ),
         f"  RSS (tree of {r['processes']} processes):        {r['rss_mb']:8.1f} MB = {r['rss_mb_per_node']:.3f} MB per node "
         f"(PSS {r['pss_mb']:.1f} MB; {r['rss_mb_at_start']:.1f} MB at 95 % pods, {r['rss_mb_after_lists']:.1f} after the lists)",
         f"  per node against metrics-server's range in the developers' guide: CPU "

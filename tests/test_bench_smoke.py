@@ -125,6 +125,10 @@ def test_resource_pipeline_runs_each_size_and_prints_every_figure_of_issue_9(tmp
         before, after = r["machine_loop_quiet_s"]
         assert 0 < before < 10 and 0 < after < 10 and r["machine_loop_start_s"] > 0
         assert r["machine_loop_s"] == pytest.approx((before + after) / 2)
+        # the simulator's CPU in the same quiet cycles, the in-window reference
+        assert r["simulator_cycle_cpu_s"] > 0
+        assert r["cpu_per_simulator_cpu"] == pytest.approx(r["cycle_cpu_s"] / r["simulator_cycle_cpu_s"])
+        assert f"against the simulator's in the same cycles: {r['cpu_per_simulator_cpu']:.3f}x" in out.stdout
         assert f"{r['nodes']} nodes: loop {r['machine_loop_s'] * 1000:.1f} ms around the quiet phase" in out.stdout
         # the list of every pod and its floor, taken wholly between two scrape cycles (a cycle of
         # 2-3 nodes lasts milliseconds: one wholly during it is rare, and not asserted)
