@@ -281,8 +281,8 @@ class Run(ProcessRun):
         cycle_cpu = (cpu1 - cpu0) / cycles
         # The simulator serves the same bodies every cycle with the same code whatever KCMS tree is
         # measured: its CPU in the same window is a reference the machine moves with KCMS's. Two
-        # 5000-node runs, 2 Dec: the simulator 8.9 and 5.6 s of CPU in 55 s of quiet cycles, KCMS
-        # 1.39 and 0.83 s a cycle, while the timed loop moved 44 -> 35 ms only.
+        # 5000-node runs, 2 Dec: the simulator took 8.9 and 5.6 s of CPU in 55 s (of two different
+        # KCMS trees' runs: 1.39 and 0.83 s a cycle), while the timed loop moved 44 -> 35 ms only.
         simulator_cpu = (sim1 - sim0) / cycles
         self.r.update(
             quiet_from_cycle=s0.cycles, cycles=cycles, cycle_cpu_s=cycle_cpu, cycle_wall_s=(s1.cycle_seconds - s0.cycle_seconds) / cycles,
