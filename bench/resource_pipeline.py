@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -284,18 +283,19 @@ class Run(ProcessRun):
         # 5000-node runs, 2 Dec: the simulator took 8.9 and 5.6 s of CPU in 55 s (of two different
         # KCMS trees' runs: 1.39 and 0.83 s a cycle), while the timed loop moved 44 -> 35 ms only.
         simulator_cpu = (sim1 - sim0) / cycles
+        per_simulator = cycle_cpu / simulator_cpu if simulator_cpu > 0 else None
         self.r.update(
             quiet_from_cycle=s0.cycles, cycles=cycles, cycle_cpu_s=cycle_cpu, cycle_wall_s=(s1.cycle_seconds - s0.cycle_seconds) / cycles,
             cpu_mc_per_node=cycle_cpu / a.resolution * 1000 / self.nodes,
             rss_mb=rss / 1e6, pss_mb=pss / 1e6, processes=nproc, rss_mb_per_node=rss / 1e6 / self.nodes,
             quiet_failures=s1.delta(s0),
-            simulator_cycle_cpu_s=simulator_cpu, cpu_per_simulator_cpu=cycle_cpu / simulator_cpu if simulator_cpu > 0 else None,
+            simulator_cycle_cpu_s=simulator_cpu, cpu_per_simulator_cpu=per_simulator,
             machine_loop_s=(loop_before + loop_after) / 2, machine_loop_quiet_s=[loop_before, loop_after],
         )  # fmt: skip
         log(
             f"{self.nodes} nodes: {self.r['cpu_mc_per_node']:.4f} mcore and {self.r['rss_mb_per_node']:.3f} MB per node"
             f" (the machine's loop {loop_before * 1000:.1f} ms before the window, {loop_after * 1000:.1f} after;"
-            f" the simulator's CPU {simulator_cpu:.3f} s a cycle, KCMS {cycle_cpu / simulator_cpu if simulator_cpu > 0 else math.nan:.3f}x it)"
+            f" the simulator's CPU {simulator_cpu:.3f} s a cycle, KCMS {'n/a' if per_simulator is None else f'{per_simulator:.3f}x'} it)"
         )
 
     # ---- 3. lists -------------------------------------------------------------------------------------

@@ -190,6 +190,7 @@ def pod_places(
             return None
         of[key] = (len(order), pod_containers)
         order.extend(at)
+    kept = tuple(order)
     if len(order) == 1:
-        return PodPlaces(signature, of, lambda seq: (seq[0],), (order[0],))
-    return PodPlaces(signature, of, itemgetter(*order) if order else lambda seq: (), tuple(order))
+        return PodPlaces(signature, of, lambda seq: (seq[0],), kept)
+    return PodPlaces(signature, of, itemgetter(*order) if order else lambda seq: (), kept)
