@@ -111,3 +111,72 @@ def test_c_and_python_agree_on_random_scrapes(data, near) -> None:
         assert any(not -(2**63) <= c - d < 2**63 for c, d in zip(new_c, old_c, strict=True))
         return
     assert got == want
+
+
+def c_put_row():
+    from kcms.store import _columns
+
+    return _columns.put_row
+
+
+def python_row(data: bytearray, base: int, order, cpus, memory) -> None:
+    """The row as HistoryStore writes it without C: two slice stores of int64 arrays."""
+    from array import array
+
+    n = len(order)
+    row = memoryview(data).cast("q")
+    row[base : base + n] = array("q", [cpus[i] for i in order])
+    row[base + n : base + 2 * n] = array("q", [memory[i] for i in order])
+
+
+_int64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data())
+def test_put_row_writes_what_python_writes(data) -> None:
+    width = data.draw(st.integers(1, 70))
+    cpus = data.draw(st.lists(_int64, min_size=width, max_size=width))
+    memory = data.draw(st.lists(_int64, min_size=width, max_size=width))
+    order = tuple(data.draw(st.lists(st.integers(0, width - 1), min_size=1, max_size=width)))
+    slots = 2 * len(order) + data.draw(st.integers(0, 9))
+    base = data.draw(st.integers(0, slots - 2 * len(order)))
+    before = bytes(data.draw(st.binary(min_size=8 * slots, max_size=8 * slots)))
+    got, want = bytearray(before), bytearray(before)
+    assert c_put_row()(got, base, order, cpus, memory) is True
+    python_row(want, base, order, cpus, memory)
+    assert got == want
+
+
+def test_put_row_refuses_what_it_does_not_read_and_writes_nothing() -> None:
+    put_row = c_put_row()
+    cpus, memory = [5, 6, 7], [50, 60, 70]
+    refused = [
+        (bytearray(48), 0, (3, 0, 1), cpus, memory),  # an index past the columns
+        (bytearray(48), 0, (-1, 0, 1), cpus, memory),  # a negative index
+        (bytearray(48), 0, (0, 1, 2**70), cpus, memory),  # an index no int64 holds
+        (bytearray(48), 0, (0, 1, 2), [5, 6.0, 7], memory),  # not an int
+        (bytearray(48), 0, (0, 1, 2), [5, True, 7], memory),  # a bool is not an exact int
+        (bytearray(48), 0, (0, 1, 2), cpus, [50, 60, 2**63]),  # outside int64
+        (bytearray(48), 0, (0, 1, 2), cpus, [50, 60]),  # a column too short for its index
+        (bytearray(47), 0, (0, 1, 2), cpus, memory),  # the row past the data's end
+        (bytearray(48), 1, (0, 1, 2), cpus, memory),
+        (bytearray(48), -1, (0, 1, 2), cpus, memory),
+        (bytearray(48), 2**62, (0, 1, 2), cpus, memory),
+        (bytearray(48), 0, (), cpus, memory),  # no container
+        (bytes(48), 0, (0, 1, 2), cpus, memory),  # not a bytearray
+        (bytearray(48), 0, [0, 1, 2], cpus, memory),  # order not a tuple
+        (bytearray(48), 0, (0, 1, 2), tuple(cpus), memory),  # columns not lists
+        (bytearray(48), 0, (0, 1, 2), cpus, tuple(memory)),
+    ]
+    for args in refused:
+        before = bytes(args[0])
+        assert put_row(*args) is False, args
+        assert bytes(args[0]) == before, args  # a refusal leaves the row as it was
+    with pytest.raises(TypeError):
+        put_row(bytearray(48), 0, (0, 1, 2), cpus)
+    with pytest.raises(TypeError):
+        put_row(bytearray(48), "0", (0, 1, 2), cpus, memory)
+    data = bytearray(b"\xff" * 64)  # -1 everywhere: the slot after the row stays so
+    assert put_row(data, 1, (2, 0, 1), cpus, memory) is True
+    assert list(memoryview(data).cast("q")) == [-1, 7, 5, 6, 70, 50, 60, -1]

@@ -251,6 +251,12 @@ def test_columns_are_written_in_the_order_of_the_rows():
     assert not h.record_columns("n1", None, None, token, columns, (rates[0], False))  # over the bound
     assert h.pod_points("ns", "a", 0.0) == (("c1", "c2"), [(t, [(10**9, 21), (3 * 10**9, 31)])])
     assert h.pod_points("ns", "b", 0.0) == (("c1",), [(t, [(2 * 10**9, 11)])])
+    # The same scrape written by Python (C's put_row declines a tuple column): the same rows.
+    again = HistoryStore(600.0, 15.0)
+    again.record("n1", None, None, first, token)
+    python_columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, tuple(memory), places)
+    assert again.record_columns("n1", None, None, token, python_columns, rates)
+    assert bytes(again._nodes["n1"].data) == bytes(h._nodes["n1"].data)
 
 
 def test_bad_construction_refused():

@@ -19,9 +19,11 @@ from kcms.model import ContainerColumns, PodKey
 from kcms.sources.bounds import MAX_NANOCORES
 
 try:
+    from kcms.store._columns import put_row
     from kcms.store._columns import rates as _c_rates
 except ImportError:  # no C compiler at install: Python does it
     _c_rates = None
+    put_row = None  # HistoryStore.record_columns writes its rows with array slices then
 
 Rates = tuple[list[int], bool]
 _C = TypeVar("_C")

@@ -43,8 +43,9 @@ The write (:meth:`HistoryStore.record`) runs on the store's hot path, once per n
 the pairs of readings the store has just chosen, filling one row (the node's rows are laid out
 again only for a new pod or a changed set of containers). A scrape the store took a column at a
 time with the same series as the last one recorded (:meth:`HistoryStore.record_columns`) is written
-from the decoder's columns: rates computed a column at a time, put in pod order by one getter, and
-stored as two slices of the row (a node of 60 containers, in process: 19-30 us a call against
+from the decoder's columns: rates computed a column at a time and written into the row in its
+order by one call of C (``put_row``, kcms/store/_columns.c; Python's two slice stores where that
+is not built; a node of 60 containers, in process: 19-30 us a call with the two slices, against
 40-59 when written container by container into per-pod records, the same noisy hour).
 Measured (``bench/history_store.py``, 1000 nodes x 30 pods x 2 containers, 10m at 15s):
 :meth:`HistoryStore.record` 65-73 us per node scrape (76-78 with per-pod records, same hour) and
@@ -58,12 +59,12 @@ import math
 import time
 from array import array
 from collections.abc import Callable, Iterator, Mapping
-from operator import itemgetter
 from typing import Any
 
 from kcms.model import ContainerColumns, PodKey, PodPlaces, ResourcePoint
 from kcms.sources.bounds import MAX_NANOCORES
 from kcms.store.columns import Rates
+from kcms.store.columns import put_row as _put_row
 
 # Per container of a pod: (last reading, previous reading usable for a rate, or None)
 Pairs = Mapping[str, tuple[ResourcePoint, ResourcePoint | None]]
@@ -88,23 +89,21 @@ def _rate(last: ResourcePoint, prev: ResourcePoint | None) -> int:
     return int(rate)
 
 
-def _row_order(places: PodPlaces, kept: dict[PodKey, tuple[tuple[str, ...], int]]) -> Callable[[Any], Any]:
-    """The getter that puts a decoder's columns (``ContainerColumns``, the series in the body's
-    order) in the order of the node's rows: the decoder's own getter to pod order
-    (``places.in_pod_order``) when the rows hold the pods in that order (the usual case: both
-    were laid out from the same scrape), else that getter followed by a reorder."""
-    of = places.of
+def _row_order(places: PodPlaces, kept: dict[PodKey, tuple[tuple[str, ...], int]]) -> tuple[int, ...]:
+    """Which of a decoder's columns (``ContainerColumns``, the series in the body's order) each
+    container of the node's rows takes, row index -> column index: the decoder's own pod order
+    (``places.order``) when the rows hold the pods in that order (the usual case: both were laid
+    out from the same scrape), else that order rearranged to the rows'."""
+    of, order = places.of, places.order
     if all(kept[key][1] == at for key, (at, _) in of.items()):
-        return places.in_pod_order
-    # rows in another pod order: row index -> index in pod order
+        return order
+    # rows in another pod order: row index -> index in pod order -> column index
     source = [0] * sum(len(names) for names in (rec[0] for rec in kept.values()))
     for key, (at, names) in of.items():
         first = kept[key][1]
         for j in range(len(names)):
-            source[first + j] = at + j
-    # (offsets differ only with two pods or more: the itemgetter returns a tuple)
-    in_pod_order, reorder = places.in_pod_order, itemgetter(*source)
-    return lambda values: reorder(in_pod_order(values))
+            source[first + j] = order[at + j]
+    return tuple(source)
 
 
 class _NodeHistory:
@@ -120,7 +119,7 @@ class _NodeHistory:
         self.n = 0  # containers in a row
         self.data = bytearray()  # capacity rows of 2 * n int64: CPU of each container, then memory
         self.layout: object = None  # the store's token for the series ``pods`` was last written with
-        self.order: Callable[[Any], Any] | None = None  # _row_order() of the columns of ``layout``
+        self.order: tuple[int, ...] | None = None  # _row_order() of the columns of ``layout``
 
     def newest(self, capacity: int) -> float:
         return self.times[(self.head - 1) % capacity] if self.count else 0.0
@@ -259,7 +258,9 @@ class HistoryStore:
         order = h.order
         if order is None:
             order = h.order = _row_order(columns.places, h.pods)
-        self._write_row(h, slot, order(cpus), order(columns.memory))
+        memory = columns.memory
+        if _put_row is None or not _put_row(h.data, 2 * h.n * slot, order, cpus, memory):
+            self._write_row(h, slot, [cpus[i] for i in order], [memory[i] for i in order])
         return True
 
     @staticmethod
