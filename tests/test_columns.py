@@ -1,6 +1,8 @@
-"""kcms/store/_columns.c against kcms/store/columns.py's rule (column_rates_py): the same result
-for every input C reads, False (Python decides) for the rest; the store's and the history's
-column paths are tested end to end in tests/test_store_columns.py and tests/test_history*.py."""
+"""kcms/store/_columns.c against kcms/store/columns.py's rule (column_rates_py), and its history
+row (put_row) against the two slice stores HistoryStore makes without it: the same result for
+every input C reads, False (Python decides, nothing written) for the rest; the store's and the
+history's column paths are tested end to end in tests/test_store_columns.py and
+tests/test_history*.py."""
 
 from __future__ import annotations
 
