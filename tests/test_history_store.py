@@ -257,6 +257,12 @@ def test_columns_are_written_in_the_order_of_the_rows():
     python_columns = ContainerColumns("sig", [1.0] * 3, [t] * 3, cpu_ns, tuple(memory), places)
     assert again.record_columns("n1", None, None, token, python_columns, rates)
     assert bytes(again._nodes["n1"].data) == bytes(h._nodes["n1"].data)
+    # An order of another width than the rows' is never written by C (it would write from the
+    # row's start past its width): Python's slice stores refuse it, as they always did.
+    h._nodes["n1"].order = (0, 2)
+    later = ContainerColumns("sig", [1.0] * 3, [t + 15] * 3, cpu_ns, memory, places)
+    with pytest.raises(ValueError):
+        h.record_columns("n1", None, None, token, later, rates)
 
 
 def test_bad_construction_refused():

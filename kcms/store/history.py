@@ -259,7 +259,9 @@ class HistoryStore:
         if order is None:
             order = h.order = _row_order(columns.places, h.pods)
         memory = columns.memory
-        if _put_row is None or not _put_row(h.data, 2 * h.n * slot, order, cpus, memory):
+        # C writes 2 * len(order) values from the row's start: only a row of exactly that width
+        # (Python's slice stores refuse any other, as they did before C)
+        if _put_row is None or len(order) != h.n or not _put_row(h.data, 2 * h.n * slot, order, cpus, memory):
             self._write_row(h, slot, [cpus[i] for i in order], [memory[i] for i in order])
         return True
 
