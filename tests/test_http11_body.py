@@ -118,6 +118,27 @@ async def test_bodies_of_every_kind_on_one_connection(tls, holder) -> None:
         server.close()
 
 
+async def test_blank_lines_before_the_status_line_are_parsed_through(tls, holder) -> None:
+    """CRLFs before a response's status line, which httptools skips, look like the end of a head:
+    the bytes after them are still parsed (cut there, they were dropped and the scrape hung)."""
+    body = os.urandom(40_000)
+
+    async def handler(reader, writer):
+        while await next_request(reader) is not None:
+            await write_in_pieces(writer, b"\r\n\r\n" + fixed(body), 2)
+        writer.close()
+
+    server, port = await serve(handler, tls[0])
+    pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
+    try:
+        for _ in range(2):
+            assert await get(pool, port) == (200, body)
+        assert pool.connects == 1
+    finally:
+        pool.close()
+        server.close()
+
+
 async def test_a_body_cut_short_fails_that_request_only(tls, holder) -> None:
     """A kubelet promises 100 000 bytes, sends 60 000 over several reads and closes: the request
     fails as a closed connection (no partial body, no uninitialised bytes handed on), and the

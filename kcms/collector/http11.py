@@ -193,6 +193,12 @@ class _Connection:
             end = n
         if not self._feed(view[:end]):
             return
+        if end < n and not self.headers_done and not self.closed:
+            # A blank line that did not end the headers (httptools skips CRLFs before the status
+            # line): the rest of the read goes to httptools as well.
+            if not self._feed(view[end:n]):
+                return
+            end = n
         if not self.headers_done:
             # Counted after feeding: a read that also ends the headers (and carries body bytes)
             # must not count against the header bound; one that does not end them does.
