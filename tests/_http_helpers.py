@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any
 
@@ -18,3 +19,9 @@ async def serve_app(
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+
+
+async def raw_server(handler, server_ctx) -> tuple[asyncio.AbstractServer, int]:
+    """An asyncio stream server on 127.0.0.1 (TLS with ``server_ctx``) and its port."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+    return server, server.sockets[0].getsockname()[1]

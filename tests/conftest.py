@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 import trustme
 
@@ -10,6 +12,17 @@ import trustme
 def ca() -> trustme.CA:
     """A test certificate authority; issue server and client certificates from it."""
     return trustme.CA()
+
+
+@pytest.fixture
+def tls(ca: trustme.CA) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) TLS contexts: a 127.0.0.1 certificate of ``ca``, and a client trusting it."""
+    cert = ca.issue_cert("127.0.0.1")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
 
 
 @pytest.fixture

@@ -11,20 +11,10 @@ import ssl
 
 import pytest
 import trustme
-from _http_helpers import serve_app
+from _http_helpers import raw_server, serve_app
 from aiohttp import web
 
 from kcms.collector.http11 import HTTPError, KeepAlivePool, connect_first
-
-
-@pytest.fixture
-def tls(ca: trustme.CA):
-    cert = ca.issue_cert("127.0.0.1")
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    cert.configure_cert(server)
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
-    return server, client
 
 
 def chunked_handler(body: bytes, piece: int):
@@ -70,11 +60,6 @@ async def test_keep_alive_fixed_and_chunked_bodies(tls):
     finally:
         pool.close()
         await runner.cleanup()
-
-
-async def raw_server(handler, server_ctx) -> tuple[asyncio.AbstractServer, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
-    return server, server.sockets[0].getsockname()[1]
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:

@@ -8,23 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import ssl
 
 import pytest
-import trustme
+from _http_helpers import raw_server
 
 from kcms.collector import http11
 from kcms.collector.http11 import HTTPError, KeepAlivePool
-
-
-@pytest.fixture
-def tls(ca: trustme.CA):
-    cert = ca.issue_cert("127.0.0.1")
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    cert.configure_cert(server)
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
-    return server, client
 
 
 @pytest.fixture(params=["c", "python"])
@@ -40,11 +29,6 @@ def holder(request):
 def test_the_c_body_buffer_is_built() -> None:
     """CI compiles kcms/collector/_bodybuffer.c: the scrapes must use it, not the copy."""
     assert http11.BodyBuffer is not None
-
-
-async def serve(handler, server_ctx) -> tuple[asyncio.AbstractServer, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
-    return server, server.sockets[0].getsockname()[1]
 
 
 async def next_request(reader: asyncio.StreamReader) -> str | None:
@@ -96,7 +80,7 @@ async def test_bodies_of_every_kind_on_one_connection(tls, holder) -> None:
             await write_in_pieces(writer, *answers[target])
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
         for target, want, past_httptools in [
@@ -128,7 +112,7 @@ async def test_blank_lines_before_the_status_line_are_parsed_through(tls, holder
             await write_in_pieces(writer, b"\r\n\r\n" + fixed(body), 2)
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
         for _ in range(2):
@@ -156,7 +140,7 @@ async def test_a_body_cut_short_fails_that_request_only(tls, holder) -> None:
             await write_in_pieces(writer, fixed(body), 2)
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
         with pytest.raises(HTTPError) as err:
@@ -187,7 +171,7 @@ async def test_bytes_after_a_body_read_in_place_close_the_connection(tls, holder
             await write_in_pieces(writer, fixed(body) + extra, pieces)
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     try:
         assert await get(pool, port) == (200, body)
@@ -212,7 +196,7 @@ async def test_a_stalled_body_is_given_up_with_its_connection(tls, holder) -> No
             await asyncio.wait_for(gate.wait(), 5)
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1 << 20)
     opened: list[http11._Connection] = []
     connect = pool._connect
@@ -247,7 +231,7 @@ async def test_a_declared_length_over_the_limit_allocates_nothing(tls, holder) -
         await asyncio.sleep(0.5)
         writer.close()
 
-    server, port = await serve(handler, tls[0])
+    server, port = await raw_server(handler, tls[0])
     pool = KeepAlivePool(tls[1], max_body_bytes=1000)
     try:
         with pytest.raises(HTTPError) as err:
