@@ -144,19 +144,8 @@ class _Connection:
                 into = self.into
                 if into is not None:  # the body's bytes, decrypted where they are handed on from
                     n = sock.recv_into(into[self.filled :], self.length - self.filled)
-                    if not n:
-                        self._lost(None)
-                        return
-                    if self.waiter is None or self.waiter.done():
-                        self.close()
-                        return
-                    self.filled += n
-                    if self.filled == self.length:
-                        self._body_done()
-                        if not sock.pending():
-                            return
-                    continue
-                n = sock.recv_into(buffer, READ_SIZE)
+                else:
+                    n = sock.recv_into(buffer, READ_SIZE)
                 if not n:  # close_notify, or the TCP connection ended (ragged EOFs are EOFs)
                     self._lost(None)
                     return
@@ -164,7 +153,12 @@ class _Connection:
                 if waiter is None or waiter.done():
                     self.close()  # bytes while no response is awaited: the exchange is out of step
                     return
-                self._received(n)
+                if into is None:
+                    self._received(n)
+                else:
+                    self.filled += n
+                    if self.filled == self.length:
+                        self._body_done()
                 if self.complete and not sock.pending():
                     # The response is whole: no read just to learn that nothing follows (an
                     # SSLWantReadError a scrape). Bytes that do follow wake this again, and no
@@ -213,17 +207,22 @@ class _Connection:
             return
         if end == n or self.closed:
             return
-        into = self.into
-        if into is None:
+        if self.into is None:
             self._feed(view[end:n])
             return
-        take = min(n - end, self.length - self.filled)
-        into[self.filled : self.filled + take] = view[end : end + take]
-        self.filled += take
+        take = self._fill(view[end:n])
         if self.filled == self.length:
             self._body_done()
             if n - end > take:
                 self.close()  # bytes after the whole response, unasked for: out of step
+
+    def _fill(self, data: Any) -> int:
+        """``data`` copied into the body read in place, up to its length: how many bytes it took."""
+        assert self.into is not None
+        take = min(len(data), self.length - self.filled)
+        self.into[self.filled : self.filled + take] = data[:take]
+        self.filled += take
+        return take
 
     def _feed(self, data: memoryview) -> bool:
         """``data`` to httptools; False when it refused them (the request has failed)."""
@@ -280,12 +279,8 @@ class _Connection:
             self.into = memoryview(self.holder)
 
     def on_body(self, body: bytes) -> None:
-        into = self.into
-        if into is not None:  # the body's first bytes, in the read that ended the headers
-            # httptools hands over at most Content-Length bytes (it is what ends the body for it)
-            end = self.filled + len(body)
-            into[self.filled : end] = body
-            self.filled = end
+        if self.into is not None:  # the body's first bytes, in the read that ended the headers
+            self._fill(body)  # httptools hands over at most Content-Length bytes: it takes them all
             return
         self.size += len(body)
         if self.size > self.limit:
