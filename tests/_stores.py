@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 from kcms.kube.members import Member, StaticMembers
@@ -18,10 +19,16 @@ from kcms.store.cluster import StoreCluster
 TOKEN = "store-token-for-tests"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(taken: Iterable[int] = ()) -> int:
+    """A free loopback port not in ``taken``: the kernel may hand the port just closed out again,
+    and two stores given one port fail at start (seen in CI: 's2=... is also given for s0')."""
+    used = set(taken)
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in used:
+            return port
 
 
 class Stores:
@@ -36,7 +43,7 @@ class Stores:
         self.ports: dict[str, int] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         for i in range(n):
-            self.ports[f"s{i}"] = free_port()
+            self.ports[f"s{i}"] = free_port(self.ports.values())
 
     def members(self) -> list[Member]:
         return [Member(name, f"http://127.0.0.1:{port}") for name, port in sorted(self.ports.items())]
@@ -45,7 +52,7 @@ class Stores:
         return ",".join(f"{m.name}={m.url}" for m in self.members())
 
     def add(self, name: str) -> None:
-        self.ports[name] = free_port()
+        self.ports[name] = free_port(self.ports.values())
 
     def start(self, name: str) -> None:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
