@@ -19,15 +19,22 @@ from kcms.store.cluster import StoreCluster
 TOKEN = "store-token-for-tests"
 
 
+# Every port free_port has handed out in this test process: a test that asks for two or more
+# (stores, health and serving ports) must never get the same one twice.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(taken: Iterable[int] = ()) -> int:
-    """A free loopback port not in ``taken``: the kernel may hand the port just closed out again,
-    and two stores given one port fail at start (seen in CI: 's2=... is also given for s0')."""
-    used = set(taken)
+    """A free loopback port not handed out before in this process, nor in ``taken``. The kernel
+    may give the port just closed out again: two stores given one port fail at start (seen in CI:
+    's2=http://127.0.0.1:56853 is also given for s0')."""
+    used = _HANDED_OUT.union(taken)
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port not in used:
+            _HANDED_OUT.add(port)
             return port
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,9 @@ import time
 import pytest
 from _kubectl import KUBECTL, get_raw
 from _prometheus_helpers import PromEnv, prom_fixture  # noqa: F401  (pytest fixture)
+from _stores import free_port
 
 CUSTOM = "/apis/custom.metrics.k8s.io/v1beta2"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _own(prom: PromEnv, expr: str) -> dict[str, float]:
