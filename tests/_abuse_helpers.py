@@ -5,7 +5,6 @@ a gated toy API group, the guard's refusal counters and the clean-log check."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from _apiserver_helpers import GROUP, PKI, fetch
+from _stores import free_port as free_port  # re-exported: the tests import it from here
 from aiohttp import web
 from prometheus_client import REGISTRY
 
@@ -137,12 +137,6 @@ async def ready(server: AggregatedAPIServer, ctx: ssl.SSLContext) -> None:
     for path in ("/readyz", "/livez", "/healthz"):
         status, _, text = await fetch(server, ctx, path)
         assert status == 200 and text == "ok", (path, status, text)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def plain(port: int, data: bytes) -> tuple[int, bytes]:

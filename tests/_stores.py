@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable
 from pathlib import Path
 
 from kcms.kube.members import Member, StaticMembers
@@ -24,16 +23,15 @@ TOKEN = "store-token-for-tests"
 _HANDED_OUT: set[int] = set()
 
 
-def free_port(taken: Iterable[int] = ()) -> int:
-    """A free loopback port not handed out before in this process, nor in ``taken``. The kernel
-    may give the port just closed out again: two stores given one port fail at start (seen in CI:
+def free_port() -> int:
+    """A free loopback port not handed out before in this process. The kernel may give the port
+    just closed out again: two stores given one port fail at start (seen in CI:
     's2=http://127.0.0.1:56853 is also given for s0')."""
-    used = _HANDED_OUT.union(taken)
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in used:
+        if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 
@@ -50,7 +48,7 @@ class Stores:
         self.ports: dict[str, int] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         for i in range(n):
-            self.ports[f"s{i}"] = free_port(self.ports.values())
+            self.ports[f"s{i}"] = free_port()
 
     def members(self) -> list[Member]:
         return [Member(name, f"http://127.0.0.1:{port}") for name, port in sorted(self.ports.items())]
@@ -59,7 +57,7 @@ class Stores:
         return ",".join(f"{m.name}={m.url}" for m in self.members())
 
     def add(self, name: str) -> None:
-        self.ports[name] = free_port(self.ports.values())
+        self.ports[name] = free_port()
 
     def start(self, name: str) -> None:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import trustme
 from _process_helpers import stop_process
+from _stores import free_port
 from aiohttp import web
 from test_agent_buffer import parse_agent_text
 from test_agent_cgroups import pod, write_cgroup
@@ -213,12 +214,6 @@ async def test_extra_listener_serves_pushes_and_probes_never_metrics() -> None:
                 assert r.status == 404 and b"up{" not in await r.read()
     finally:
         await agent.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

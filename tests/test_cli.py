@@ -18,14 +18,9 @@ import aiohttp
 import pytest
 from _kubectl import KUBECTL
 from _process_helpers import wait_readyz
+from _stores import free_port
 
 BASE = "/apis/metrics.k8s.io/v1beta1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kcms(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:

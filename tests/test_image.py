@@ -11,7 +11,6 @@ import fnmatch
 import json
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from _deploy_helpers import DEPLOY, PROBE_PATHS, REPO, only, render
+from _stores import free_port as _free_port
 
 # ---------------------------------------------------------------------------------------------------
 # Dockerfile and .dockerignore (checked statically: no container engine here)
@@ -131,12 +131,6 @@ def test_image_contents_suffice_to_run_the_cli(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # the probes against a real `kcms standalone` started with the Deployment's own args
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:

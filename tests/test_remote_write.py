@@ -29,6 +29,7 @@ import aiohttp
 import pytest
 from _kubectl import get_raw
 from _remote_write_helpers import WRITER, clean_log_fixture, counter, setup_fake, stack_fixture  # noqa: F401 - fixtures clean_log, stack
+from _stores import free_port
 
 from kcms import limits
 from kcms.apis.remote_write import REMOTE_WRITE_PATH, RemoteWriteAPI, SeriesBinder
@@ -284,14 +285,6 @@ async def _until(predicate, limit: float, what: str) -> Any:
             return got
         assert time.monotonic() < deadline, f"{what}: not within {limit}s"
         await asyncio.sleep(0.25)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_real_prometheus_remote_write_ends_in_the_values_prometheus_has(

@@ -11,7 +11,6 @@ import asyncio
 import calendar
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 import pytest
+from _stores import free_port
 from prometheus_client import REGISTRY
 
 from kcms.cmd.main import build_parser
@@ -46,12 +46,6 @@ from kcms.store.resource import ResourceStore
 BASE = "/apis/metrics.k8s.io/v1beta1"
 READER = "reader-token"
 WAIT = 60.0  # seconds any one condition may take on a loaded machine before the test gives up
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cores(q: str) -> float:

@@ -25,6 +25,7 @@ import pytest
 import trustme
 from _http_helpers import serve_app
 from _process_helpers import stop_process
+from _stores import free_port
 from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -430,14 +431,6 @@ async def test_collector_with_a_missing_ca_file_fails_cleanly_then_recovers(
 
 
 # ----- the real process -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def open_log(path: Path):

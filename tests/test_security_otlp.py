@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
+from _stores import free_port
 from fakeapi import FakeKubeAPI, make_pod
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -621,12 +621,6 @@ async def test_opentelemetry_sdk_from_a_pod_ip(node: Node, caplog):
         await asyncio.to_thread(provider.shutdown)
     assert node.latest()[("http_requests_total", WEB, (("http_route", "/a"),))] == 3.0
     no_traceback(caplog)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["default", "allow-unbound"])
